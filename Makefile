@@ -1,0 +1,42 @@
+# The verbs people type. Everything installs itself from nothing into .venv.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+.PHONY: help install up test test-fast lint format bench-api clean
+
+help:
+	@echo "make up        - embedded PostgreSQL + Redis, API on :8000 and a worker (Ctrl-C stops)"
+	@echo "make test      - build .venv and run the test suite"
+	@echo "make lint      - ruff + mypy"
+	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-* && touch $@
+
+install: $(STAMP)
+
+up: install
+	$(BIN)/trainyard up
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check app workers tests migrations bench
+	$(BIN)/ruff format --check app workers tests migrations bench
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format app workers tests migrations bench
+	$(BIN)/ruff check --fix app workers tests migrations bench
+
+bench-api: install
+	$(BIN)/python bench/api_vs_mlflow.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

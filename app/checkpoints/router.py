@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import select
+
+from app.auth.deps import Caller
+from app.checkpoints.models import Checkpoint
+from app.core.deps import Session
+from app.core.errors import problem_responses
+from app.core.pagination import Paging, decode_cursor, make_page
+from app.runs.service import ensure_run_visible
+
+router = APIRouter(prefix="/runs/{run_id}/checkpoints", tags=["checkpoints"])
+
+
+class CheckpointPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    run_id: uuid.UUID
+    step: int
+    path: str
+    is_final: bool
+    metrics: dict[str, Any]
+    created_at: datetime
+
+
+class CheckpointsPage(BaseModel):
+    data: list[CheckpointPublic]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+@router.get(
+    "",
+    operation_id="list_run_checkpoints",
+    response_model=CheckpointsPage,
+    responses=problem_responses(401, 404, 422),
+)
+async def list_run_checkpoints(
+    run_id: uuid.UUID, caller: Caller, session: Session, page: Paging
+) -> dict[str, object]:
+    """Complete checkpoints of the run, by step; the final model is marked `is_final`."""
+    await ensure_run_visible(session, caller.project_id, run_id)
+    query = select(Checkpoint).where(Checkpoint.run_id == run_id)
+    if page.after:
+        query = query.where(Checkpoint.step > decode_cursor(page.after, int)[0])
+    rows = list(
+        (await session.execute(query.order_by(Checkpoint.step).limit(page.limit + 1))).scalars()
+    )
+    return make_page(rows, page.limit, lambda c: (c.step,), CheckpointPublic.model_validate)

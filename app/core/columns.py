@@ -1,0 +1,27 @@
+"""Column helpers: every table stores UTC timestamps and JSONB the same way."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import Column, DateTime, func, text
+from sqlalchemy.dialects.postgresql import JSONB
+
+
+def timestamp(*, nullable: bool = False, default_now: bool = True, index: bool = False) -> Any:
+    return Column(
+        DateTime(timezone=True),
+        nullable=nullable,
+        server_default=func.now() if default_now else None,
+        index=index,
+    )
+
+
+def jsonb(*, nullable: bool = False, default: str | None = "{}", name: str | None = None) -> Any:
+    args: list[Any] = [name] if name else []
+    return Column(
+        *args,
+        JSONB,
+        nullable=nullable,
+        server_default=text(f"'{default}'::jsonb") if default is not None else None,
+    )

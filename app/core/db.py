@@ -1,0 +1,44 @@
+"""Engine and sessions. Services take an ``AsyncSession`` and never commit: the edge does.
+
+Route handlers commit at the end of a request; workers open :func:`session_scope` per unit
+of work. Jobs are published only after the commit that made them due (the API's background
+task after the response, or the reconciler), never from inside an open transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from sqlalchemy.ext.asyncio import (
+    AsyncEngine,
+    AsyncSession,
+    async_sessionmaker,
+    create_async_engine,
+)
+
+
+def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
+    return create_async_engine(
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_pre_ping=False,
+        connect_args={"server_settings": {"application_name": "trainyard"}},
+    )
+
+
+def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
+    return async_sessionmaker(engine, expire_on_commit=False, autoflush=False)
+
+
+@asynccontextmanager
+async def session_scope(maker: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
+    """One transaction: committed when the block succeeds, rolled back when it raises."""
+    async with maker() as session:
+        try:
+            yield session
+        except BaseException:
+            await session.rollback()
+            raise
+        await session.commit()

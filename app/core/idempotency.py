@@ -1,0 +1,107 @@
+"""``Idempotency-Key`` storage: the first answer to a key is kept and replayed.
+
+The key row is inserted in the same transaction as the resource it creates, so a
+concurrent duplicate waits on the unique index and then replays the committed answer, and a
+rolled-back create leaves no key behind.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Column, Index, PrimaryKeyConstraint, Uuid, delete, select
+from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import Field, SQLModel
+
+from app.core.columns import jsonb, timestamp
+from app.core.errors import Problem
+from app.core.time import utcnow
+
+KEY_TTL = timedelta(hours=24)
+
+
+class IdempotencyKey(SQLModel, table=True):
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (
+        PrimaryKeyConstraint("project_id", "key"),
+        Index("ix_idempotency_keys_created", "created_at"),
+    )
+
+    project_id: uuid.UUID = Field(sa_column=Column(Uuid, nullable=False))
+    key: str = Field(max_length=255)
+    request_hash: str = Field(max_length=64)
+    status_code: int
+    response: dict[str, Any] = Field(default_factory=dict, sa_column=jsonb())
+    created_at: datetime | None = Field(default=None, sa_column=timestamp())
+
+
+def request_fingerprint(body: Any) -> str:
+    return hashlib.sha256(json.dumps(body, sort_keys=True, default=str).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Replay:
+    status_code: int
+    response: dict[str, Any]
+
+
+async def record(
+    session: AsyncSession,
+    project_id: uuid.UUID,
+    key: str,
+    fingerprint: str,
+    status_code: int,
+    response: Any,
+) -> bool:
+    """Store the answer under ``key`` in the creating transaction; False if the key exists.
+
+    On False the caller rolls back what it created and answers with :func:`replay`. A
+    concurrent request with the same key blocks on the primary key until this one commits.
+    """
+    inserted = await session.execute(
+        insert(IdempotencyKey)
+        .values(
+            project_id=project_id,
+            key=key,
+            request_hash=fingerprint,
+            status_code=status_code,
+            response=response,
+        )
+        .on_conflict_do_nothing()
+        .returning(IdempotencyKey.key)
+    )
+    return inserted.first() is not None
+
+
+async def replay(
+    session: AsyncSession, project_id: uuid.UUID, key: str, fingerprint: str
+) -> Replay:
+    """The first answer given under ``key``; 422 if that request had another body."""
+    row = (
+        await session.execute(
+            select(IdempotencyKey).where(
+                IdempotencyKey.project_id == project_id, IdempotencyKey.key == key
+            )
+        )
+    ).scalar_one()
+    if row.request_hash != fingerprint:
+        raise Problem(
+            422,
+            "Idempotency-Key reused with a different body",
+            "This Idempotency-Key was first used with another request body; use a new key.",
+            field="header.Idempotency-Key",
+        )
+    return Replay(row.status_code, row.response)
+
+
+async def purge_expired(session: AsyncSession) -> int:
+    result = await session.execute(
+        delete(IdempotencyKey).where(IdempotencyKey.created_at < utcnow() - KEY_TTL)
+    )
+    return int(getattr(result, "rowcount", 0) or 0)

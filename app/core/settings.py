@@ -1,0 +1,67 @@
+"""Process settings, read from ``TRAINYARD_*`` environment variables.
+
+Every field carries a description, so ``trainyard --help`` and the docs can say what it does.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TRAINYARD_", extra="ignore")
+
+    database_url: str | None = Field(
+        default=None,
+        description="SQLAlchemy URL (postgresql+asyncpg://...). Unset: embedded PostgreSQL "
+        "under <home>/pg.",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="Celery broker URL. Unset: embedded Redis under <home>/redis.",
+    )
+    home: Path = Field(
+        default=Path(".trainyard"),
+        description="Folder for embedded services and local artefacts (checkpoints).",
+    )
+    db_pool_size: int = Field(default=10, ge=1, description="Connections per API process.")
+    max_body_bytes: int = Field(
+        default=2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
+    )
+    max_page_size: int = Field(default=200, ge=1, description="Cap on ?limit= for every list.")
+    default_page_size: int = Field(default=50, ge=1)
+    lease_ttl_seconds: float = Field(
+        default=30.0, gt=0, description="How long a worker holds a run without heartbeating."
+    )
+    heartbeat_seconds: float = Field(
+        default=5.0, gt=0, description="How often a worker renews its lease and reads cancel."
+    )
+    reaper_interval_seconds: float = Field(
+        default=5.0, gt=0, description="How often each worker sweeps expired leases and outbox."
+    )
+    max_attempts: int = Field(
+        default=3, ge=1, description="Claims of one run before it is failed as a poison run."
+    )
+    redispatch_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="An unheld live run whose task was published this long ago is published "
+        "again (covers a lost message, a flushed broker, a crash between commit and publish).",
+    )
+    pipeline: str = Field(
+        default="workers.pipeline:run_pipeline",
+        description="The coroutine function (module:name) a worker runs for each claimed run.",
+    )
+    sse_poll_seconds: float = Field(
+        default=0.5, gt=0, description="How often an SSE stream looks for new events."
+    )
+    sse_keepalive_seconds: float = Field(default=15.0, gt=0)
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

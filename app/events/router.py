@@ -1,0 +1,117 @@
+"""Run progress: a paginated event log and a Server-Sent Events stream of the same log.
+
+The stream resumes from ``Last-Event-ID`` (or ``?after=``), so a client that reconnects
+gets every event once, without gaps or repeats, and it ends after the run's last event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Request
+from fastapi.responses import StreamingResponse
+from sqlalchemy import select
+
+from app.auth.deps import Caller
+from app.core.deps import Session
+from app.core.errors import Problem, problem_responses
+from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.settings import get_settings
+from app.events import service
+from app.events.models import RunEvent
+from app.events.schemas import RunEventPublic, RunEventsPage
+from app.runs.models import Run
+from app.runs.service import ensure_run_visible
+from app.runs.status import TERMINAL, RunStatus
+
+router = APIRouter(prefix="/runs/{run_id}/events", tags=["events"])
+
+
+@router.get(
+    "",
+    operation_id="list_run_events",
+    response_model=RunEventsPage,
+    responses=problem_responses(401, 404, 422),
+)
+async def list_run_events(
+    run_id: uuid.UUID, caller: Caller, session: Session, page: Paging
+) -> dict[str, object]:
+    """The run's events, oldest first."""
+    await ensure_run_visible(session, caller.project_id, run_id)
+    after = decode_cursor(page.after, int)[0] if page.after else 0
+    rows = await service.list_after(session, run_id, after_id=after, limit=page.limit + 1)
+    return make_page(rows, page.limit, lambda e: (e.id,), RunEventPublic.model_validate)
+
+
+def _sse(event: RunEvent) -> str:
+    payload = RunEventPublic.model_validate(event).model_dump_json()
+    return f"id: {event.id}\nevent: {event.type}\ndata: {payload}\n\n"
+
+
+@router.get(
+    "/stream",
+    operation_id="stream_run_events",
+    response_class=StreamingResponse,
+    responses={
+        200: {
+            "description": "text/event-stream of run events; `id:` is the event id.",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(401, 404, 422),
+    },
+)
+async def stream_run_events(
+    run_id: uuid.UUID,
+    caller: Caller,
+    session: Session,
+    request: Request,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
+    after: Annotated[int | None, Query(ge=0, description="Start after this event id.")] = None,
+) -> StreamingResponse:
+    """Live events of the run; ends after the run reaches a terminal status."""
+    await ensure_run_visible(session, caller.project_id, run_id)
+    await session.close()  # the stream opens short sessions of its own
+    start = after or 0
+    if last_event_id is not None:
+        if not last_event_id.isdigit():
+            raise Problem(
+                422, "Invalid Last-Event-ID", "Must be an event id.", field="header.Last-Event-ID"
+            )
+        start = int(last_event_id)
+    maker = request.app.state.sessionmaker
+    settings = get_settings()
+
+    async def events() -> AsyncIterator[str]:
+        cursor = start
+        idle = 0.0
+        yield "retry: 2000\n\n"
+        while not await request.is_disconnected():
+            async with maker() as s:
+                # Status first: a terminal status read here means its event (written in the
+                # same transaction) is visible to the next statement.
+                status = await s.scalar(select(Run.status).where(Run.id == run_id))
+                batch = await service.list_after(s, run_id, after_id=cursor, limit=500)
+            for event in batch:
+                cursor = event.id or cursor
+                yield _sse(event)
+            if batch:
+                idle = 0.0
+                continue
+            if status is None or RunStatus(status) in TERMINAL:
+                yield f"event: end\ndata: {json.dumps({'status': status})}\n\n"
+                return
+            await asyncio.sleep(settings.sse_poll_seconds)
+            idle += settings.sse_poll_seconds
+            if idle >= settings.sse_keepalive_seconds:
+                idle = 0.0
+                yield ": keep-alive\n\n"
+
+    return StreamingResponse(
+        events(),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )

@@ -1,0 +1,41 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.events.models import RunEvent
+
+
+async def append(
+    session: AsyncSession,
+    run_id: uuid.UUID,
+    type_: str,
+    message: str,
+    *,
+    level: str = "info",
+    data: dict[str, Any] | None = None,
+) -> None:
+    await session.execute(
+        insert(RunEvent).values(
+            run_id=run_id, type=type_, level=level, message=message, data=data or {}
+        )
+    )
+
+
+async def list_after(
+    session: AsyncSession, run_id: uuid.UUID, *, after_id: int, limit: int
+) -> list[RunEvent]:
+    """Events of one run with id > ``after_id``, oldest first (up to ``limit`` rows)."""
+    return list(
+        (
+            await session.execute(
+                select(RunEvent)
+                .where(RunEvent.run_id == run_id, RunEvent.id > after_id)  # type: ignore[operator]
+                .order_by(RunEvent.id)  # type: ignore[arg-type]
+                .limit(limit)
+            )
+        ).scalars()
+    )

@@ -1,0 +1,69 @@
+"""The FastAPI application. No ML library is imported anywhere under ``app/``."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+from fastapi import FastAPI
+
+from app.auth.service import KeyCache
+from app.checkpoints.router import router as checkpoints_router
+from app.core.db import make_engine, make_sessionmaker
+from app.core.errors import install_error_handlers
+from app.core.limits import BodySizeLimit
+from app.core.services import database_url, redis_url
+from app.core.settings import Settings, get_settings
+from app.events.router import router as events_router
+from app.health import router as health_router
+from app.inputs.router import router as inputs_router
+from app.metrics.router import router as metrics_router
+from app.runs.dispatch import Dispatcher
+from app.runs.router import router as runs_router
+from app.trajectories.router import router as trajectories_router
+
+try:
+    VERSION = version("trainyard")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree
+    VERSION = "0.0.0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        from workers.celery_app import make_celery
+
+        engine = make_engine(database_url(settings), pool_size=settings.db_pool_size)
+        app.state.engine = engine
+        app.state.sessionmaker = make_sessionmaker(engine)
+        app.state.key_cache = KeyCache()
+        app.state.celery = make_celery(redis_url(settings))
+        app.state.dispatcher = Dispatcher(app.state.celery)
+        try:
+            yield
+        finally:
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Trainyard",
+        version=VERSION,
+        summary="Run and track reinforcement-learning fine-tuning of LLM agents.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    for router in (
+        health_router,
+        runs_router,
+        events_router,
+        metrics_router,
+        checkpoints_router,
+        inputs_router,
+        trajectories_router,
+    ):
+        app.include_router(router)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+
+    return app

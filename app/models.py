@@ -1,0 +1,27 @@
+"""Every table, imported once so ``SQLModel.metadata`` is complete (Alembic, tests)."""
+
+from sqlmodel import SQLModel
+
+from app.auth.models import ApiKey, Project
+from app.checkpoints.models import Checkpoint
+from app.core.idempotency import IdempotencyKey
+from app.events.models import RunEvent
+from app.inputs.models import TaskInput
+from app.metrics.models import MetricPoint
+from app.runs.models import Run
+from app.trajectories.models import Trajectory
+
+metadata = SQLModel.metadata
+
+__all__ = [
+    "ApiKey",
+    "Checkpoint",
+    "IdempotencyKey",
+    "MetricPoint",
+    "Project",
+    "Run",
+    "RunEvent",
+    "TaskInput",
+    "Trajectory",
+    "metadata",
+]

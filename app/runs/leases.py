@@ -1,0 +1,140 @@
+"""Leases: which worker holds a run, until when, under which fencing token (``attempt``).
+
+Postgres decides who works on a run, not the broker: Celery may deliver a task twice or
+lose it. A worker claims the run (one wins), renews the lease by heartbeat, and every write
+it makes is fenced on (``lease_owner``, ``attempt``): after its lease was taken over, a
+paused or partitioned worker can change nothing.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import timedelta
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.events.models import RunEvent
+from app.runs.models import Run
+from app.runs.state import Fence, LeaseLost, transition
+from app.runs.status import CLAIMABLE, TERMINAL, RunStatus
+
+
+def _claimable() -> list[str]:
+    return [s.value for s in CLAIMABLE]
+
+
+async def claim(
+    session: AsyncSession,
+    run_id: uuid.UUID,
+    *,
+    owner: str,
+    ttl_seconds: float,
+    max_attempts: int,
+) -> tuple[Run, Fence] | None:
+    """Take the run if nobody holds a live lease on it; None if it is not ours to run.
+
+    A run that has used up its attempts is failed here instead of being run again.
+    """
+    claimed = (
+        await session.execute(
+            update(Run)
+            .where(
+                Run.id == run_id,
+                Run.status.in_(_claimable()),  # type: ignore[attr-defined]
+                Run.cancel_requested.is_(False),  # type: ignore[attr-defined]
+                Run.pause_requested.is_(False),  # type: ignore[attr-defined]
+                (Run.lease_owner.is_(None)) | (Run.lease_expires_at < func.now()),  # type: ignore[union-attr,operator]
+                Run.attempt < max_attempts,
+            )
+            .values(
+                lease_owner=owner,
+                lease_expires_at=func.now() + timedelta(seconds=ttl_seconds),
+                attempt=Run.attempt + 1,
+                version=Run.version + 1,
+                updated_at=func.now(),
+            )
+            .returning(Run)
+            .execution_options(synchronize_session=False, populate_existing=True)
+        )
+    ).scalar_one_or_none()
+    if claimed is not None:
+        await session.execute(
+            insert(RunEvent).values(
+                run_id=run_id,
+                type="lease",
+                message=f"claimed by {owner} (attempt {claimed.attempt})",
+                data={"owner": owner, "attempt": claimed.attempt},
+            )
+        )
+        return claimed, Fence(owner=owner, attempt=claimed.attempt)
+
+    run = await session.get(Run, run_id)
+    if (
+        run is not None
+        and run.status in CLAIMABLE
+        and run.attempt >= max_attempts
+        and not await lease_is_live(session, run_id)
+    ):
+        await transition(
+            session,
+            run_id,
+            RunStatus.FAILED,
+            expected=RunStatus(run.status),
+            error=f"gave up after {run.attempt} attempts: the worker died or lost its lease "
+            "on every attempt",
+        )
+    return None
+
+
+async def lease_is_live(session: AsyncSession, run_id: uuid.UUID) -> bool:
+    return bool(
+        await session.scalar(
+            select(Run.lease_expires_at > func.now()).where(  # type: ignore[operator]
+                Run.id == run_id,
+                Run.lease_owner.is_not(None),  # type: ignore[union-attr]
+            )
+        )
+    )
+
+
+@dataclass(frozen=True)
+class LeaseState:
+    """What a heartbeat learns: the run's status and whether someone asked it to stop."""
+
+    status: RunStatus
+    cancel_requested: bool
+    pause_requested: bool
+
+
+async def renew(
+    session: AsyncSession, run_id: uuid.UUID, fence: Fence, *, ttl_seconds: float
+) -> LeaseState:
+    """Extend the lease; raises :class:`LeaseLost` if this worker no longer holds it."""
+    row = (
+        await session.execute(
+            update(Run)
+            .where(
+                Run.id == run_id,
+                Run.lease_owner == fence.owner,
+                Run.attempt == fence.attempt,
+                Run.status.not_in([s.value for s in TERMINAL]),  # type: ignore[attr-defined]
+            )
+            .values(lease_expires_at=func.now() + timedelta(seconds=ttl_seconds))
+            .returning(Run.status, Run.cancel_requested, Run.pause_requested)
+        )
+    ).first()
+    if row is None:
+        raise LeaseLost(run_id)
+    return LeaseState(RunStatus(row.status), row.cancel_requested, row.pause_requested)
+
+
+async def release(session: AsyncSession, run_id: uuid.UUID, fence: Fence) -> bool:
+    """Give the run back (it stays in its status for the next worker); False if not ours."""
+    result = await session.execute(
+        update(Run)
+        .where(Run.id == run_id, Run.lease_owner == fence.owner, Run.attempt == fence.attempt)
+        .values(lease_owner=None, lease_expires_at=None)
+    )
+    return bool(getattr(result, "rowcount", 0))

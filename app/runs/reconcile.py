@@ -1,0 +1,114 @@
+"""The reconciler: Postgres knows which runs are due; make the broker know it too.
+
+Runs that nobody holds (no lease, or an expired one) and that were not dispatched recently
+are re-published. This one sweep covers every way a task goes missing: a crash between
+commit and publish, a broker that was down or flushed, a worker killed mid-task. On the way
+it applies stop requests the dead holder never saw and fails runs out of attempts.
+Safe to run in every worker at once: rows are taken with ``FOR UPDATE SKIP LOCKED``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+from sqlalchemy import func, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.events import service as events
+from app.runs.models import Run
+from app.runs.state import TransitionConflict, transition
+from app.runs.status import CLAIMABLE, RunStatus
+
+
+@dataclass
+class Sweep:
+    dispatch: list[uuid.UUID] = field(default_factory=list)
+    failed: list[uuid.UUID] = field(default_factory=list)
+    cancelled: list[uuid.UUID] = field(default_factory=list)
+    paused: list[uuid.UUID] = field(default_factory=list)
+
+
+async def sweep(
+    session: AsyncSession,
+    *,
+    redispatch_after_seconds: float,
+    max_attempts: int,
+    batch: int = 100,
+) -> Sweep:
+    """One pass over unheld live runs; the caller commits, then publishes ``dispatch``."""
+    now = func.now()
+    rows = (
+        await session.execute(
+            select(Run)
+            .where(
+                Run.status.in_([s.value for s in CLAIMABLE]),  # type: ignore[attr-defined]
+                or_(Run.lease_owner.is_(None), Run.lease_expires_at < now),  # type: ignore[union-attr,operator]
+                or_(
+                    Run.dispatched_at.is_(None),  # type: ignore[union-attr]
+                    Run.dispatched_at < now - timedelta(seconds=redispatch_after_seconds),  # type: ignore[operator]
+                    Run.lease_owner.is_not(None),  # type: ignore[union-attr]
+                    Run.cancel_requested,
+                    Run.pause_requested,
+                ),
+            )
+            .order_by(Run.dispatched_at.asc().nulls_first())  # type: ignore[union-attr]
+            .limit(batch)
+            .with_for_update(skip_locked=True)
+        )
+    ).scalars()
+    result = Sweep()
+    for run in list(rows):
+        status = RunStatus(run.status)
+        expired = run.lease_owner is not None
+        try:
+            if run.cancel_requested:
+                await transition(
+                    session,
+                    run.id,
+                    RunStatus.CANCELLED,
+                    expected=status,
+                    message="cancelled (its worker was gone before it saw the request)",
+                )
+                result.cancelled.append(run.id)
+                continue
+            if run.pause_requested:
+                await transition(
+                    session,
+                    run.id,
+                    RunStatus.PAUSED,
+                    expected=status,
+                    message="paused (its worker was gone before it saw the request)",
+                )
+                result.paused.append(run.id)
+                continue
+            if run.attempt >= max_attempts and (expired or status != RunStatus.PENDING):
+                await transition(
+                    session,
+                    run.id,
+                    RunStatus.FAILED,
+                    expected=status,
+                    error=f"gave up after {run.attempt} attempts: the worker died or lost its "
+                    "lease on every attempt",
+                )
+                result.failed.append(run.id)
+                continue
+        except TransitionConflict:
+            continue
+        if expired:
+            await events.append(
+                session,
+                run.id,
+                "lease",
+                f"lease of {run.lease_owner} expired; re-queued",
+                level="warning",
+                data={"owner": run.lease_owner, "attempt": run.attempt},
+            )
+        await session.execute(
+            update(Run)
+            .where(Run.id == run.id)
+            .values(dispatched_at=now, lease_owner=None, lease_expires_at=None)
+        )
+        result.dispatch.append(run.id)
+    return result

@@ -1,0 +1,207 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response
+from fastapi.responses import JSONResponse
+
+from app.auth.deps import Caller
+from app.core import idempotency
+from app.core.deps import Session
+from app.core.errors import problem_responses
+from app.core.pagination import Paging, decode_cursor, make_page
+from app.runs import service
+from app.runs.models import Run
+from app.runs.schemas import RunCreate, RunPublic, RunsPage
+from app.runs.status import RunStatus
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        min_length=1,
+        max_length=255,
+        description="Same key + same body replays the first answer; another body is a 422.",
+    ),
+]
+
+
+def _public(run: Run) -> RunPublic:
+    return RunPublic.model_validate(run)
+
+
+def _etag(run: Run) -> str:
+    return f'"{run.id.hex}-{run.version}"'
+
+
+def _run_response(
+    run: Run, status_code: int = 200, headers: dict[str, str] | None = None
+) -> Response:
+    return Response(
+        _public(run).model_dump_json(),
+        status_code=status_code,
+        media_type="application/json",
+        headers={"ETag": _etag(run), **(headers or {})},
+    )
+
+
+@router.post(
+    "",
+    status_code=202,
+    operation_id="create_run",
+    response_model=RunPublic,
+    responses={
+        202: {
+            "description": "Accepted: the run is queued.",
+            "headers": {"Location": {"schema": {"type": "string"}}},
+        },
+        **problem_responses(401, 409, 413, 422, 429),
+    },
+)
+async def create_run(
+    body: RunCreate,
+    caller: Caller,
+    session: Session,
+    request: Request,
+    background: BackgroundTasks,
+    idempotency_key: IdempotencyKey = None,
+) -> Response:
+    """Create a run and queue it. Answers 202 with the run and its `Location`."""
+    run = await service.create_run(session, caller.project_id, body)
+    location = f"/runs/{run.id}"
+    if idempotency_key is not None:
+        fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
+        payload = _public(run).model_dump(mode="json")
+        if not await idempotency.record(
+            session, caller.project_id, idempotency_key, fingerprint, 202, payload
+        ):
+            await session.rollback()
+            replay = await idempotency.replay(
+                session, caller.project_id, idempotency_key, fingerprint
+            )
+            return JSONResponse(
+                replay.response,
+                status_code=replay.status_code,
+                headers={
+                    "Location": f"/runs/{replay.response['id']}",
+                    "Idempotent-Replayed": "true",
+                },
+            )
+    await session.commit()
+    background.add_task(request.app.state.dispatcher.publish, [run.id])
+    return _run_response(run, 202, {"Location": location})
+
+
+@router.get(
+    "",
+    operation_id="list_runs",
+    response_model=RunsPage,
+    responses=problem_responses(401, 422),
+)
+async def list_runs(
+    caller: Caller,
+    session: Session,
+    page: Paging,
+    status: Annotated[list[RunStatus] | None, Query(max_length=9)] = None,
+    model_name: Annotated[str | None, Query(max_length=500)] = None,
+    learning_key: Annotated[str | None, Query(max_length=200)] = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+) -> dict[str, object]:
+    """The project's runs, newest first."""
+    after = None
+    if page.after:
+        created, last_id = decode_cursor(page.after, datetime.fromisoformat, uuid.UUID)
+        after = (created, last_id)
+    rows = await service.list_runs(
+        session,
+        caller.project_id,
+        service.RunFilters(
+            status=status,
+            model_name=model_name,
+            learning_key=learning_key,
+            created_after=created_after,
+            created_before=created_before,
+        ),
+        limit=page.limit,
+        after=after,
+    )
+    return make_page(rows, page.limit, lambda r: (r.created_at.isoformat(), str(r.id)), _public)
+
+
+@router.get(
+    "/{run_id}",
+    operation_id="get_run",
+    response_model=RunPublic,
+    responses={
+        200: {"headers": {"ETag": {"schema": {"type": "string"}}}},
+        304: {"description": "Not modified (If-None-Match matched the ETag)."},
+        **problem_responses(401, 404, 422),
+    },
+)
+async def get_run(
+    run_id: uuid.UUID,
+    caller: Caller,
+    session: Session,
+    if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
+) -> Response:
+    """One run. Send `If-None-Match` with the last ETag to poll cheaply (304)."""
+    run = await service.get_run(session, caller.project_id, run_id)
+    etag = _etag(run)
+    if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
+        return Response(status_code=304, headers={"ETag": etag})
+    return _run_response(run)
+
+
+_ACTION_RESPONSES = problem_responses(401, 404, 409, 422)
+
+
+@router.post(
+    "/{run_id}/cancel",
+    operation_id="cancel_run",
+    response_model=RunPublic,
+    responses=_ACTION_RESPONSES,
+)
+async def cancel_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+    """Cancel the run. A run held by a worker stops within one heartbeat; idempotent."""
+    run = await service.cancel_run(session, caller.project_id, run_id)
+    await session.commit()
+    return _run_response(run)
+
+
+@router.post(
+    "/{run_id}/pause",
+    operation_id="pause_run",
+    response_model=RunPublic,
+    responses=_ACTION_RESPONSES,
+)
+async def pause_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+    """Pause the run at the next safe point (a step boundary); resume continues from there."""
+    run = await service.pause_run(session, caller.project_id, run_id)
+    await session.commit()
+    return _run_response(run)
+
+
+@router.post(
+    "/{run_id}/resume",
+    operation_id="resume_run",
+    response_model=RunPublic,
+    responses=_ACTION_RESPONSES,
+)
+async def resume_run(
+    run_id: uuid.UUID,
+    caller: Caller,
+    session: Session,
+    request: Request,
+    background: BackgroundTasks,
+) -> Response:
+    """Put a paused run back in the queue."""
+    run = await service.resume_run(session, caller.project_id, run_id)
+    await session.commit()
+    if run.status == RunStatus.PENDING:
+        background.add_task(request.app.state.dispatcher.publish, [run.id])
+    return _run_response(run)

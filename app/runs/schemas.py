@@ -1,0 +1,121 @@
+"""Request and response shapes for runs.
+
+Inputs forbid unknown fields, so ``status``, ``project``, ``attempt``, ``version`` and the
+like are a 422 when a request tries to set them; they exist only on the table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.runs.grpo import GrpoSettings
+from app.runs.rewards import RewardSpec, RulerReward
+from app.runs.status import RunStatus
+
+MAX_INLINE_INPUTS = 10_000
+
+
+class InputItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_text: str = Field(min_length=1, max_length=32_000)
+    context: dict[str, Any] | None = Field(
+        default=None, description="Task context, e.g. {'answer': '42'} for exact-match rewards."
+    )
+    split: str = Field(default="train", pattern=r"^(train|validation)$")
+
+
+class RunCreate(BaseModel):
+    """A training run to start. The reference's TrainingRun fields plus inputs and settings."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model_name: str = Field(
+        min_length=1, max_length=500, description="Base model: a folder on the workers or hub id."
+    )
+    task_description: str = Field(min_length=1, max_length=20_000)
+    trained_model_name: str | None = Field(default=None, min_length=1, max_length=500)
+    system_prompt: str | None = Field(default=None, max_length=20_000)
+    num_examples: int = Field(default=100, ge=1, le=100_000)
+    rollouts_per_group: int = Field(
+        default=4, ge=2, le=256, description="Completions per input (GRPO num_generations)."
+    )
+    learning_rate: float = Field(default=1e-5, gt=0, lt=1)
+    num_epochs: int = Field(default=1, ge=1, le=10_000)
+    max_steps: int | None = Field(default=None, ge=1, le=10_000_000)
+    learning_key: str | None = Field(
+        default=None,
+        max_length=200,
+        description="Groups runs of one task so their trajectories can be pulled together.",
+    )
+    inputs: list[InputItem] | None = Field(
+        default=None,
+        max_length=MAX_INLINE_INPUTS,
+        description="Inline training inputs; omitted: generated from task_description.",
+    )
+    reward: RewardSpec = Field(default_factory=lambda: RulerReward(type="ruler"))
+    grpo: GrpoSettings = Field(default_factory=GrpoSettings)
+    config: dict[str, Any] = Field(default_factory=dict, description="Free-form extra settings.")
+
+    @model_validator(mode="after")
+    def _inputs(self) -> RunCreate:
+        if self.inputs is not None and not any(i.split == "train" for i in self.inputs):
+            raise ValueError("inputs must contain at least one item with split 'train'")
+        return self
+
+
+class TrainingMetrics(BaseModel):
+    """Summary of a run's progress (the reference's TrainingMetrics), extended freely."""
+
+    model_config = ConfigDict(extra="allow")
+
+    total_trajectories: int = 0
+    avg_reward: float | None = None
+    min_reward: float | None = None
+    max_reward: float | None = None
+    training_loss: float | None = None
+    epoch: int = 0
+    step: int = 0
+
+
+class RunPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    status: RunStatus
+    model_name: str
+    trained_model_name: str | None
+    task_description: str
+    num_examples: int
+    rollouts_per_group: int
+    learning_rate: float
+    num_epochs: int
+    max_steps: int | None
+    system_prompt: str | None
+    learning_key: str | None
+    reward: dict[str, Any]
+    grpo: dict[str, Any]
+    config: dict[str, Any]
+    metrics: TrainingMetrics | None
+    error: str | None
+    step: int
+    epoch: int
+    attempt: int
+    cancel_requested: bool
+    pause_requested: bool
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+
+
+class RunsPage(BaseModel):
+    data: list[RunPublic]
+    has_more: bool
+    next_cursor: str | None = None

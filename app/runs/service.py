@@ -1,0 +1,262 @@
+"""Run use cases shared by the API and the workers. Nothing here commits."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import func, insert, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.core.errors import NotFound
+from app.events.models import RunEvent
+from app.inputs.models import TaskInput
+from app.runs.leases import lease_is_live
+from app.runs.models import Run
+from app.runs.schemas import RunCreate
+from app.runs.state import TransitionConflict, transition
+from app.runs.status import TERMINAL, RunStatus
+
+# A request that loses a compare-and-set to a worker re-reads and tries again this often.
+_CAS_RETRIES = 3
+
+
+async def create_run(session: AsyncSession, project_id: uuid.UUID, body: RunCreate) -> Run:
+    """Insert the run, its inline inputs and its first event; mark it dispatched now
+    (the caller publishes right after commit; the reconciler re-publishes if that fails)."""
+    run = (
+        await session.execute(
+            insert(Run)
+            .values(
+                project_id=project_id,
+                status=RunStatus.PENDING.value,
+                model_name=body.model_name,
+                trained_model_name=body.trained_model_name,
+                task_description=body.task_description,
+                num_examples=len(body.inputs) if body.inputs else body.num_examples,
+                rollouts_per_group=body.rollouts_per_group,
+                learning_rate=body.learning_rate,
+                num_epochs=body.num_epochs,
+                max_steps=body.max_steps,
+                system_prompt=body.system_prompt,
+                learning_key=body.learning_key,
+                reward=body.reward.model_dump(mode="json"),
+                grpo=body.grpo.model_dump(mode="json"),
+                config=body.config,
+                dispatched_at=func.now(),
+            )
+            .returning(Run)
+        )
+    ).scalar_one()
+    if body.inputs:
+        await session.execute(
+            insert(TaskInput),
+            [
+                {
+                    "run_id": run.id,
+                    "index": i,
+                    "input_text": item.input_text,
+                    "context": item.context,
+                    "split": item.split,
+                }
+                for i, item in enumerate(body.inputs)
+            ],
+        )
+    await session.execute(
+        insert(RunEvent).values(
+            run_id=run.id,
+            type="created",
+            message="run created",
+            data={"inline_inputs": len(body.inputs or [])},
+        )
+    )
+    return run
+
+
+async def get_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    """The run, if it belongs to the project; another project's run is simply not found."""
+    run = (
+        await session.execute(select(Run).where(Run.id == run_id, Run.project_id == project_id))
+    ).scalar_one_or_none()
+    if run is None:
+        raise NotFound("Run")
+    return run
+
+
+async def ensure_run_visible(
+    session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID
+) -> None:
+    found = await session.scalar(
+        select(Run.id).where(Run.id == run_id, Run.project_id == project_id)
+    )
+    if found is None:
+        raise NotFound("Run")
+
+
+@dataclass(frozen=True)
+class RunFilters:
+    status: list[RunStatus] | None = None
+    model_name: str | None = None
+    learning_key: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+async def list_runs(
+    session: AsyncSession,
+    project_id: uuid.UUID,
+    filters: RunFilters,
+    *,
+    limit: int,
+    after: tuple[datetime, uuid.UUID] | None,
+) -> list[Run]:
+    """Newest first, keyset on (created_at, id); returns up to ``limit + 1`` rows."""
+    query = select(Run).where(Run.project_id == project_id)
+    if filters.status:
+        query = query.where(Run.status.in_([s.value for s in filters.status]))  # type: ignore[attr-defined]
+    if filters.model_name is not None:
+        query = query.where(Run.model_name == filters.model_name)
+    if filters.learning_key is not None:
+        query = query.where(Run.learning_key == filters.learning_key)
+    if filters.created_after is not None:
+        query = query.where(Run.created_at >= filters.created_after)  # type: ignore[operator]
+    if filters.created_before is not None:
+        query = query.where(Run.created_at < filters.created_before)  # type: ignore[operator]
+    if after is not None:
+        query = query.where(func.row(Run.created_at, Run.id) < func.row(*after))
+    query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)  # type: ignore[union-attr,attr-defined]
+    return list((await session.execute(query)).scalars())
+
+
+async def _flag(session: AsyncSession, run: Run, *, column: str, event: str, message: str) -> Run:
+    """Set a stop flag the holding worker reads at its next heartbeat (CAS on version)."""
+    updated = (
+        await session.execute(
+            update(Run)
+            .where(Run.id == run.id, Run.version == run.version)
+            .values({column: True, "version": Run.version + 1, "updated_at": func.now()})
+            .returning(Run)
+            .execution_options(synchronize_session=False, populate_existing=True)
+        )
+    ).scalar_one_or_none()
+    if updated is None:
+        raise TransitionConflict(run.id, "run changed concurrently", current=None, retryable=True)
+    await session.execute(insert(RunEvent).values(run_id=run.id, type=event, message=message))
+    return updated
+
+
+async def _with_retries(session: AsyncSession, attempt: Any) -> Run:
+    for i in range(_CAS_RETRIES):
+        try:
+            async with session.begin_nested():
+                return await attempt()  # type: ignore[no-any-return]
+        except TransitionConflict as conflict:
+            if not conflict.retryable or i == _CAS_RETRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+async def cancel_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    """Cancel now if no worker holds the run, else flag it for the holder's next heartbeat.
+
+    Idempotent: cancelling a cancelled (or cancelling) run returns it unchanged.
+    """
+
+    async def attempt() -> Run:
+        run = await get_run(session, project_id, run_id)
+        await session.refresh(run)
+        status = RunStatus(run.status)
+        if status == RunStatus.CANCELLED or (run.cancel_requested and status not in TERMINAL):
+            return run
+        if status in TERMINAL:
+            raise TransitionConflict(
+                run_id, f"A {status.value} run cannot be cancelled.", current=status
+            )
+        if await lease_is_live(session, run_id):
+            return await _flag(
+                session,
+                run,
+                column="cancel_requested",
+                event="cancel_requested",
+                message="cancel requested; the worker stops at its next heartbeat",
+            )
+        return await transition(
+            session, run_id, RunStatus.CANCELLED, expected=status, message="cancelled by user"
+        )
+
+    return await _with_retries(session, attempt)
+
+
+async def pause_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    """Pause now if no worker holds the run, else ask the holder to stop at a safe point."""
+
+    async def attempt() -> Run:
+        run = await get_run(session, project_id, run_id)
+        await session.refresh(run)
+        status = RunStatus(run.status)
+        if status == RunStatus.PAUSED or run.pause_requested:
+            return run
+        if status in TERMINAL:
+            raise TransitionConflict(
+                run_id, f"A {status.value} run cannot be paused.", current=status
+            )
+        if await lease_is_live(session, run_id):
+            return await _flag(
+                session,
+                run,
+                column="pause_requested",
+                event="pause_requested",
+                message="pause requested; the worker stops at the next step boundary",
+            )
+        return await transition(
+            session, run_id, RunStatus.PAUSED, expected=status, message="paused by user"
+        )
+
+    return await _with_retries(session, attempt)
+
+
+async def resume_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    """Put a paused run back in the queue (or withdraw a pause not yet taken)."""
+
+    async def attempt() -> Run:
+        run = await get_run(session, project_id, run_id)
+        await session.refresh(run)
+        status = RunStatus(run.status)
+        if status == RunStatus.PAUSED:
+            return await transition(
+                session,
+                run_id,
+                RunStatus.PENDING,
+                expected=status,
+                message="resumed by user",
+                values={"dispatched_at": func.now()},
+            )
+        if run.pause_requested and status not in TERMINAL:
+            updated = (
+                await session.execute(
+                    update(Run)
+                    .where(Run.id == run_id, Run.version == run.version)
+                    .values(pause_requested=False, version=Run.version + 1, updated_at=func.now())
+                    .returning(Run)
+                    .execution_options(synchronize_session=False, populate_existing=True)
+                )
+            ).scalar_one_or_none()
+            if updated is None:
+                raise TransitionConflict(
+                    run_id, "run changed concurrently", current=None, retryable=True
+                )
+            await session.execute(
+                insert(RunEvent).values(
+                    run_id=run_id, type="pause_withdrawn", message="pause request withdrawn"
+                )
+            )
+            return updated
+        raise TransitionConflict(
+            run_id,
+            f"Only a paused run can be resumed; this one is {status.value}.",
+            current=status,
+        )
+
+    return await _with_retries(session, attempt)

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from pydantic import BaseModel, ConfigDict, Field
+from sqlalchemy import func, select
+
+from app.auth.deps import Caller
+from app.core.deps import Session
+from app.core.errors import Problem, problem_responses
+from app.core.pagination import Paging, decode_cursor, make_page
+from app.runs.service import ensure_run_visible
+from app.trajectories.models import Trajectory
+
+router = APIRouter(prefix="/runs/{run_id}/trajectories", tags=["trajectories"])
+
+
+class TrajectoryPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
+
+    id: uuid.UUID
+    run_id: uuid.UUID
+    step: int
+    group_index: int
+    rollout_index: int
+    task_input_id: uuid.UUID | None
+    messages: list[dict[str, Any]]
+    reward: float | None
+    reward_breakdown: dict[str, Any]
+    metadata: dict[str, Any] = Field(validation_alias="meta")
+    created_at: datetime
+
+
+class TrajectoriesPage(BaseModel):
+    data: list[TrajectoryPublic]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+@router.get(
+    "",
+    operation_id="list_run_trajectories",
+    response_model=TrajectoriesPage,
+    responses=problem_responses(401, 404, 422),
+)
+async def list_run_trajectories(
+    run_id: uuid.UUID,
+    caller: Caller,
+    session: Session,
+    page: Paging,
+    step: Annotated[int | None, Query(ge=0)] = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+) -> dict[str, object]:
+    """The run's trajectories by (step, group, rollout), optionally filtered by reward."""
+    if min_reward is not None and max_reward is not None and min_reward > max_reward:
+        raise Problem(
+            422, "Invalid reward range", "min_reward exceeds max_reward.", field="query.min_reward"
+        )
+    await ensure_run_visible(session, caller.project_id, run_id)
+    query = select(Trajectory).where(Trajectory.run_id == run_id)
+    if step is not None:
+        query = query.where(Trajectory.step == step)
+    if min_reward is not None:
+        query = query.where(Trajectory.reward >= min_reward)  # type: ignore[operator]
+    if max_reward is not None:
+        query = query.where(Trajectory.reward <= max_reward)  # type: ignore[operator]
+    order = (Trajectory.step, Trajectory.group_index, Trajectory.rollout_index)
+    if page.after:
+        position = decode_cursor(page.after, int, int, int)
+        query = query.where(func.row(*order) > func.row(*position))
+    rows = list((await session.execute(query.order_by(*order).limit(page.limit + 1))).scalars())
+    return make_page(
+        rows,
+        page.limit,
+        lambda t: (t.step, t.group_index, t.rollout_index),
+        TrajectoryPublic.model_validate,
+    )

@@ -1,0 +1,60 @@
+"""The Celery app. Redis is only the broker: losing it loses nothing, since Postgres knows
+which runs are due and the reconciler re-publishes them.
+
+Queues: ``control`` (CPU work: input generation, judges, the reconciler) and ``gpu``
+(rollouts and training). Tasks take ids and re-read state from the database.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from celery import Celery
+from kombu import Queue
+
+from app.core.services import redis_url
+from app.core.settings import get_settings
+
+QUEUES = ("control", "gpu")
+
+TASK_ROUTES = {
+    "runs.advance": {"queue": "gpu"},
+    "runs.reconcile": {"queue": "control"},
+}
+
+
+def make_celery(broker_url: str) -> Celery:
+    app = Celery("trainyard", broker=broker_url, include=["workers.tasks"])
+    app.conf.update(
+        task_queues=[Queue(name) for name in QUEUES],
+        task_default_queue="control",
+        task_routes=TASK_ROUTES,
+        # At-least-once: a task is acknowledged only after it ran, and given back if the
+        # worker process dies. Duplicates are refused by the run's lease.
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        # Redelivery of an unacknowledged task: far longer than a heartbeat period, so only
+        # a lost worker's task comes back, and then the lease decides.
+        broker_transport_options={
+            "visibility_timeout": 3600,
+            "socket_connect_timeout": 2,
+            "socket_timeout": 5,
+        },
+        # Publishing must fail fast when Redis is down: the reconciler will publish later.
+        task_publish_retry=True,
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.5},
+        broker_connection_retry_on_startup=True,
+        worker_hijack_root_logger=False,
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        enable_utc=True,
+    )
+    return app
+
+
+@lru_cache
+def get_celery() -> Celery:
+    return make_celery(redis_url(get_settings()))

@@ -1,0 +1,113 @@
+"""What a pipeline sees of the run it works on: fenced sessions, stop checks, events.
+
+The heartbeat renews the lease every ``heartbeat_seconds`` on the runtime loop. When it
+learns that the run was cancelled or paused, or that the lease is gone, it sets a flag;
+the pipeline calls :meth:`RunContext.check` at safe points and stops there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.events import service as events
+from app.runs import leases
+from app.runs.models import Run
+from app.runs.state import Fence, LeaseLost, transition
+from app.runs.status import RunStatus
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+class StopRequested(Exception):
+    """The user asked the run to stop; ``status`` is where it goes (cancelled or paused)."""
+
+    def __init__(self, status: RunStatus) -> None:
+        super().__init__(status.value)
+        self.status = status
+
+
+class RunContext:
+    def __init__(self, runtime: Runtime, run_id: uuid.UUID, fence: Fence) -> None:
+        self.runtime = runtime
+        self.settings = runtime.settings
+        self.run_id = run_id
+        self.fence = fence
+        self.lost = False
+        self.stop: RunStatus | None = None
+        self._changed = asyncio.Event()
+
+    # -- lease ---------------------------------------------------------------------------
+    async def heartbeat_once(self) -> None:
+        try:
+            async with self.runtime.session() as session:
+                state = await leases.renew(
+                    session, self.run_id, self.fence, ttl_seconds=self.settings.lease_ttl_seconds
+                )
+        except LeaseLost:
+            log.warning("run %s: lease lost; stopping", self.run_id)
+            self.lost = True
+            self._changed.set()
+            return
+        if state.cancel_requested:
+            self.stop = RunStatus.CANCELLED
+            self._changed.set()
+        elif state.pause_requested and self.stop is None:
+            self.stop = RunStatus.PAUSED
+            self._changed.set()
+
+    async def heartbeat_forever(self) -> None:
+        while not self.lost:
+            await asyncio.sleep(self.settings.heartbeat_seconds)
+            try:
+                await self.heartbeat_once()
+            except Exception:  # database unreachable: keep trying until the lease runs out
+                log.exception("run %s: heartbeat failed", self.run_id)
+
+    def check(self, *, pause_ok: bool = True) -> None:
+        """Raise if the run must stop here: lease lost, cancelled, or (at a safe point)
+        paused. Call between units of work."""
+        if self.lost:
+            raise LeaseLost(self.run_id)
+        if self.stop == RunStatus.CANCELLED or (self.stop == RunStatus.PAUSED and pause_ok):
+            raise StopRequested(self.stop)
+
+    async def wait_for_stop(self, seconds: float) -> bool:
+        """Sleep up to ``seconds``, waking early if a stop arrives."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), seconds)
+        except TimeoutError:
+            return False
+        return True
+
+    # -- fenced writes ---------------------------------------------------------------------
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        """A transaction that commits only while this worker still holds the lease."""
+        async with self.runtime.session() as session:
+            await leases.renew(
+                session, self.run_id, self.fence, ttl_seconds=self.settings.lease_ttl_seconds
+            )
+            yield session
+
+    async def load(self) -> Run:
+        async with self.runtime.session() as session:
+            run = await session.get(Run, self.run_id)
+            assert run is not None
+            return run
+
+    async def move(self, dst: RunStatus, **kwargs: Any) -> Run:
+        """Transition the run, fenced on this worker's lease."""
+        async with self.runtime.session() as session:
+            return await transition(session, self.run_id, dst, fence=self.fence, **kwargs)
+
+    async def event(self, type_: str, message: str, **kwargs: Any) -> None:
+        async with self.session() as session:
+            await events.append(session, self.run_id, type_, message, **kwargs)

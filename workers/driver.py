@@ -1,0 +1,84 @@
+"""Drive one run under a lease: claim, heartbeat, run the pipeline, settle the outcome.
+
+Whatever the pipeline does, the run ends in a truthful state: its next status (completed,
+cancelled, paused), ``failed`` with the error, or — if this worker lost the lease — left
+alone for the worker that took it over.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import traceback
+import uuid
+from collections.abc import Awaitable, Callable
+from importlib import import_module
+
+from app.runs import leases
+from app.runs.state import LeaseLost, TransitionConflict
+from app.runs.status import RunStatus
+from workers.context import RunContext, StopRequested
+from workers.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+Pipeline = Callable[[RunContext], Awaitable[None]]
+
+
+def worker_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def load_pipeline(dotted: str) -> Pipeline:
+    module, _, name = dotted.partition(":")
+    return getattr(import_module(module), name)  # type: ignore[no-any-return]
+
+
+async def drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str:
+    """Run ``pipeline`` on ``run_id`` if this worker can claim it; returns what happened."""
+    settings = runtime.settings
+    async with runtime.session() as session:
+        claimed = await leases.claim(
+            session,
+            run_id,
+            owner=worker_id(),
+            ttl_seconds=settings.lease_ttl_seconds,
+            max_attempts=settings.max_attempts,
+        )
+    if claimed is None:
+        return "not-claimed"
+    _, fence = claimed
+    ctx = RunContext(runtime, run_id, fence)
+    heartbeat = asyncio.create_task(ctx.heartbeat_forever())
+    try:
+        await pipeline(ctx)
+        return "done"
+    except StopRequested as stop:
+        await _settle(ctx, stop.status, message=f"{stop.status.value} at the user's request")
+        return stop.status.value
+    except LeaseLost:
+        log.warning("run %s: lease lost; another worker owns it now", run_id)
+        return "lease-lost"
+    except Exception as exc:
+        log.exception("run %s failed", run_id)
+        detail = f"{type(exc).__name__}: {exc}"
+        await _settle(
+            ctx,
+            RunStatus.FAILED,
+            error=detail[:4000],
+            data={"traceback": traceback.format_exc()[-8000:]},
+        )
+        return "failed"
+    finally:
+        heartbeat.cancel()
+        async with runtime.session() as session:
+            await leases.release(session, run_id, fence)
+
+
+async def _settle(ctx: RunContext, dst: RunStatus, **kwargs: object) -> None:
+    try:
+        await ctx.move(dst, **kwargs)  # type: ignore[arg-type]
+    except (LeaseLost, TransitionConflict) as exc:
+        log.warning("run %s: could not record %s (%s)", ctx.run_id, dst.value, exc)

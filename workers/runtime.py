@@ -1,0 +1,49 @@
+"""The worker's database runtime: one event loop on a background thread per process.
+
+Celery tasks are synchronous; the services are async. Tasks hand coroutines to this loop
+and wait, so the loop also keeps heartbeats going while a task's main thread is busy (the
+GIL is released by I/O and by torch kernels).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from functools import lru_cache
+from typing import Any, TypeVar
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.services import database_url
+from app.core.settings import Settings, get_settings
+
+T = TypeVar("T")
+
+
+class Runtime:
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self.loop.run_forever, name="trainyard-db", daemon=True
+        )
+        self._thread.start()
+        self.engine = make_engine(database_url(settings), pool_size=4)
+        self.sessionmaker: async_sessionmaker[AsyncSession] = make_sessionmaker(self.engine)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Run ``coro`` on the runtime loop and wait for its result (from any other thread)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    @asynccontextmanager
+    async def session(self) -> AsyncIterator[AsyncSession]:
+        async with session_scope(self.sessionmaker) as session:
+            yield session
+
+
+@lru_cache
+def get_runtime() -> Runtime:
+    return Runtime(get_settings())

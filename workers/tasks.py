@@ -1,0 +1,47 @@
+"""Celery tasks. Thin: they take ids, re-read state from Postgres and call the services."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+
+from celery.signals import worker_ready, worker_shutdown
+
+from workers.celery_app import get_celery
+from workers.driver import drive, load_pipeline
+from workers.maintenance import Maintenance, reconcile_once
+from workers.runtime import get_runtime
+
+log = logging.getLogger(__name__)
+celery = get_celery()
+_maintenance: Maintenance | None = None
+
+
+@celery.task(name="runs.advance")
+def advance(run_id: str) -> str:
+    """Drive the run as far as it goes. A duplicate delivery finds the run leased and
+    returns at once; a run whose worker died is picked up here again by the reconciler."""
+    runtime = get_runtime()
+    pipeline = load_pipeline(runtime.settings.pipeline)
+    outcome = runtime.run(drive(runtime, uuid.UUID(run_id), pipeline))
+    log.info("run %s: %s", run_id, outcome)
+    return outcome
+
+
+@celery.task(name="runs.reconcile")
+def reconcile() -> int:
+    """Re-publish due runs now (the workers also do this every reaper interval)."""
+    return reconcile_once(get_runtime())
+
+
+@worker_ready.connect
+def _start_maintenance(**_: object) -> None:
+    global _maintenance
+    _maintenance = Maintenance(get_runtime())
+    _maintenance.start()
+
+
+@worker_shutdown.connect
+def _stop_maintenance(**_: object) -> None:
+    if _maintenance is not None:
+        _maintenance.stop()
