@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
 from workers.celery_app import get_celery
 from workers.driver import drive, load_pipeline
@@ -45,3 +45,9 @@ def _start_maintenance(**_: object) -> None:
 def _stop_maintenance(**_: object) -> None:
     if _maintenance is not None:
         _maintenance.stop()
+
+
+@worker_process_init.connect
+def _fresh_runtime_after_fork(**_: object) -> None:
+    """A prefork child must not reuse the parent's event-loop thread or connections."""
+    get_runtime.cache_clear()

@@ -1,0 +1,76 @@
+"""Real Celery worker processes (``trainyard worker``) for lease and reconciler tests,
+running the small pipeline in ``tests/workers/pipelines.py`` with short lease timings."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+FAST = {
+    "TRAINYARD_PIPELINE": "tests.workers.pipelines:ticking",
+    "TRAINYARD_LEASE_TTL_SECONDS": "1.5",
+    "TRAINYARD_HEARTBEAT_SECONDS": "0.25",
+    "TRAINYARD_REAPER_INTERVAL_SECONDS": "0.3",
+    "TRAINYARD_REDISPATCH_SECONDS": "1.0",
+    "TRAINYARD_MAX_ATTEMPTS": "3",
+}
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (a prefork parent and its children)."""
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.proc.wait(15)
+
+
+@pytest.fixture
+def start_worker(service_urls: tuple[str, str], tmp_path: Path) -> Iterator[Any]:
+    started: list[Worker] = []
+
+    def _start(*, pool: str = "solo", wait: bool = True, **env: str) -> Worker:
+        log = tmp_path / f"worker-{len(started)}.log"
+        environ = {**os.environ, **FAST, **env, "PYTHONUNBUFFERED": "1"}
+        environ["PYTHONPATH"] = str(ROOT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "worker", "--pool", pool, "--loglevel", "INFO"],
+            cwd=ROOT,
+            env=environ,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        worker = Worker(proc, log)
+        started.append(worker)
+        if wait:
+            deadline = time.monotonic() + 60
+            while " ready." not in worker.output():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker did not start:\n{worker.output()}")
+                time.sleep(0.1)
+        return worker
+
+    yield _start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.kill(signal.SIGKILL)
