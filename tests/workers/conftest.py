@@ -3,6 +3,7 @@ running the small pipeline in ``tests/workers/pipelines.py`` with short lease ti
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -36,10 +37,8 @@ class Worker:
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
         """Signal the whole process group (a prefork parent and its children)."""
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
-        except ProcessLookupError:
-            pass
         if sig in (signal.SIGKILL, signal.SIGTERM):
             self.proc.wait(15)
 

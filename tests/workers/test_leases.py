@@ -24,9 +24,9 @@ async def _run(maker: Any, run_id: str) -> Run:
 
 
 async def wait_for(
-    maker: Any, run_id: str, predicate: Callable[[Run], bool], timeout: float = 30
+    maker: Any, run_id: str, predicate: Callable[[Run], bool], within: float = 30
 ) -> Run:
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + within
     while True:
         run = await _run(maker, run_id)
         if predicate(run):
@@ -85,7 +85,7 @@ async def test_killed_worker_is_replaced_and_nothing_is_lost_or_doubled(
     first.kill()  # SIGKILL mid-step: its task is never acknowledged nor finished
     killed_at = time.monotonic()
     start_worker()
-    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed", timeout=45)
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed", within=45)
     # Reclaimed within lease TTL + reaper interval (+ worker start and a tick of slack).
     assert done.attempt == 2
     assert time.monotonic() - killed_at < 30
@@ -103,7 +103,7 @@ async def test_poison_run_fails_after_the_attempt_cap(
     run = (
         await client.post("/runs", json=_body(die_in_training=True), headers=tenant.headers)
     ).json()
-    failed = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", timeout=60)
+    failed = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", within=60)
     assert failed.attempt == 3
     assert "3 attempts" in (failed.error or "")
     assert any(
@@ -120,7 +120,7 @@ async def test_cancel_mid_run_stops_within_a_heartbeat(
     r = await client.post(f"/runs/{run['id']}/cancel", headers=tenant.headers)
     assert r.status_code == 200 and r.json()["cancel_requested"] is True
     asked = time.monotonic()
-    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "cancelled", timeout=10)
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "cancelled", within=10)
     # heartbeat 0.25 s: the worker sees the flag and stops mid-tick, well before the 1 s tick.
     assert time.monotonic() - asked < 1.0
     assert done.lease_owner is None
