@@ -73,3 +73,23 @@ def start_worker(service_urls: tuple[str, str], tmp_path: Path) -> Iterator[Any]
     for worker in started:
         if worker.proc.poll() is None:
             worker.kill(signal.SIGKILL)
+
+
+@pytest.fixture(autouse=True)
+async def idle_system(sessionmaker: Any, service_urls: tuple[str, str]) -> None:
+    """Start each worker test with no live run and an empty queue: runs left pending by
+    other tests would otherwise be picked up (correctly!) by these workers first."""
+    import redis
+    from sqlalchemy import update
+
+    from app.runs.models import Run
+    from app.runs.status import TERMINAL
+
+    async with sessionmaker() as s:
+        await s.execute(
+            update(Run)
+            .where(Run.status.not_in([t.value for t in TERMINAL]))
+            .values(status="cancelled", lease_owner=None, lease_expires_at=None)
+        )
+        await s.commit()
+    redis.Redis.from_url(service_urls[1].replace("redis+socket://", "unix://")).flushdb()
