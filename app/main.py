@@ -19,7 +19,6 @@ from app.events.router import router as events_router
 from app.health import router as health_router
 from app.inputs.router import router as inputs_router
 from app.metrics.router import router as metrics_router
-from app.runs.dispatch import Dispatcher
 from app.runs.router import router as runs_router
 from app.trajectories.router import router as trajectories_router
 
@@ -41,7 +40,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.sessionmaker = make_sessionmaker(engine)
         app.state.key_cache = KeyCache()
         app.state.celery = make_celery(redis_url(settings))
-        app.state.dispatcher = Dispatcher(app.state.celery)
         try:
             yield
         finally:

@@ -1,4 +1,11 @@
-"""Publishing "this run is due" to the broker, after the commit that made it due."""
+"""Getting due runs to a worker, strictly after the commit that made them due.
+
+The outbox is the ``runs`` table itself: a run is due for dispatch while it is live, unheld
+and ``dispatched_at`` is NULL (or old). Whoever makes a run due also calls :func:`mark_due`,
+a ``pg_notify`` that Postgres delivers only if and when the transaction commits; the
+workers' reconciler listens, publishes the Celery task and stamps ``dispatched_at``. A lost
+notification costs latency, never the run: the reconciler also sweeps on a timer.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +14,23 @@ import uuid
 from collections.abc import Iterable
 from typing import Any
 
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
 log = logging.getLogger(__name__)
 
 ADVANCE_TASK = "runs.advance"
+DUE_CHANNEL = "trainyard_runs_due"
+
+
+async def mark_due(session: AsyncSession, run_id: uuid.UUID) -> None:
+    """Wake the reconciler once this transaction commits (nothing happens on rollback)."""
+    await session.execute(select(func.pg_notify(DUE_CHANNEL, str(run_id))))
 
 
 class Dispatcher:
-    """Sends ``runs.advance`` for run ids. A failed publish is logged and left to the
-    reconciler, which re-publishes every due run whose last dispatch is old."""
+    """Publishes ``runs.advance`` for run ids. A failed publish is logged and left to the
+    next sweep, which re-publishes every due run whose last dispatch is old."""
 
     def __init__(self, celery: Any) -> None:
         self._celery = celery
@@ -25,7 +41,7 @@ class Dispatcher:
             try:
                 self._celery.send_task(ADVANCE_TASK, args=[str(run_id)])
                 sent += 1
-            except Exception as exc:  # broker down: the reconciler catches up
-                log.warning("could not publish run %s (%s); the reconciler will retry", run_id, exc)
+            except Exception as exc:  # broker down: the next sweep catches up
+                log.warning("could not publish run %s (%s); will retry", run_id, exc)
                 break
         return sent

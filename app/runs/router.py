@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Response
 from fastapi.responses import JSONResponse
 
 from app.auth.deps import Caller
@@ -66,8 +66,6 @@ async def create_run(
     body: RunCreate,
     caller: Caller,
     session: Session,
-    request: Request,
-    background: BackgroundTasks,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Create a run and queue it. Answers 202 with the run and its `Location`."""
@@ -92,7 +90,6 @@ async def create_run(
                 },
             )
     await session.commit()
-    background.add_task(request.app.state.dispatcher.publish, [run.id])
     return _run_response(run, 202, {"Location": location})
 
 
@@ -192,16 +189,8 @@ async def pause_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Resp
     response_model=RunPublic,
     responses=_ACTION_RESPONSES,
 )
-async def resume_run(
-    run_id: uuid.UUID,
-    caller: Caller,
-    session: Session,
-    request: Request,
-    background: BackgroundTasks,
-) -> Response:
+async def resume_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
     """Put a paused run back in the queue."""
     run = await service.resume_run(session, caller.project_id, run_id)
     await session.commit()
-    if run.status == RunStatus.PENDING:
-        background.add_task(request.app.state.dispatcher.publish, [run.id])
     return _run_response(run)

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.core.errors import NotFound
 from app.events.models import RunEvent
 from app.inputs.models import TaskInput
+from app.runs.dispatch import mark_due
 from app.runs.leases import lease_is_live
 from app.runs.models import Run
 from app.runs.schemas import RunCreate
@@ -24,8 +25,8 @@ _CAS_RETRIES = 3
 
 
 async def create_run(session: AsyncSession, project_id: uuid.UUID, body: RunCreate) -> Run:
-    """Insert the run, its inline inputs and its first event; mark it dispatched now
-    (the caller publishes right after commit; the reconciler re-publishes if that fails)."""
+    """Insert the run, its inline inputs and its first event, and mark it due: a worker
+    picks it up once the caller commits."""
     run = (
         await session.execute(
             insert(Run)
@@ -45,7 +46,6 @@ async def create_run(session: AsyncSession, project_id: uuid.UUID, body: RunCrea
                 reward=body.reward.model_dump(mode="json"),
                 grpo=body.grpo.model_dump(mode="json"),
                 config=body.config,
-                dispatched_at=func.now(),
             )
             .returning(Run)
         )
@@ -72,6 +72,7 @@ async def create_run(session: AsyncSession, project_id: uuid.UUID, body: RunCrea
             data={"inline_inputs": len(body.inputs or [])},
         )
     )
+    await mark_due(session, run.id)
     return run
 
 
@@ -225,14 +226,16 @@ async def resume_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.
         await session.refresh(run)
         status = RunStatus(run.status)
         if status == RunStatus.PAUSED:
-            return await transition(
+            resumed = await transition(
                 session,
                 run_id,
                 RunStatus.PENDING,
                 expected=status,
                 message="resumed by user",
-                values={"dispatched_at": func.now()},
+                values={"dispatched_at": None},
             )
+            await mark_due(session, run_id)
+            return resumed
         if run.pause_requested and status not in TERMINAL:
             updated = (
                 await session.execute(

@@ -147,26 +147,43 @@ async def test_pause_at_a_step_boundary_then_resume_completes(
 
 
 async def test_duplicate_delivery_is_refused_by_the_lease(
-    client, tenant, sessionmaker, start_worker, api
+    client, tenant, sessionmaker, start_worker, service_urls
 ) -> None:
+    from app.runs.dispatch import Dispatcher
+    from workers.celery_app import make_celery
+
     start_worker()
     start_worker()
     run = (await client.post("/runs", json=_body(tick=0.3), headers=tenant.headers)).json()
     await wait_for(sessionmaker, run["id"], lambda r: r.status == "collecting")
     # Deliver the same task twice more while the first worker holds the run.
-    api.state.dispatcher.publish([uuid.UUID(run["id"])] * 2)
+    assert Dispatcher(make_celery(service_urls[1])).publish([uuid.UUID(run["id"])] * 2) == 2
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed")
     assert done.attempt == 1
     claims = [e for e in await _events(sessionmaker, run["id"]) if e.type == "lease"]
     assert len(claims) == 1
 
 
-async def test_unpublished_run_is_dispatched_by_the_reconciler(
-    client, tenant, sessionmaker, start_worker, api, monkeypatch
+async def test_run_created_while_no_worker_listens_still_starts(
+    client, tenant, sessionmaker, start_worker
 ) -> None:
-    """A crash between commit and publish: the run still starts."""
-    monkeypatch.setattr(api.state.dispatcher, "publish", lambda ids: 0)
+    """Its notification reached nobody and nothing was published: the first sweep of the
+    worker that comes up later dispatches it (the crash-between-commit-and-publish case)."""
     run = (await client.post("/runs", json=_body(), headers=tenant.headers)).json()
-    start_worker()
+    await asyncio.sleep(0.5)
+    assert (await _run(sessionmaker, run["id"])).dispatched_at is None
+    start_worker(TRAINYARD_REAPER_INTERVAL_SECONDS="60")
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed")
     assert done.attempt == 1
+
+
+async def test_commit_notification_wakes_the_reconciler(
+    client, tenant, sessionmaker, start_worker
+) -> None:
+    """With the timer at 60 s, only the pg_notify sent on commit can start the run quickly."""
+    start_worker(TRAINYARD_REAPER_INTERVAL_SECONDS="60")
+    await asyncio.sleep(0.5)  # past the worker's start-up sweep
+    created = time.monotonic()
+    run = (await client.post("/runs", json=_body(), headers=tenant.headers)).json()
+    await wait_for(sessionmaker, run["id"], lambda r: r.attempt == 1, within=10)
+    assert time.monotonic() - created < 5
