@@ -38,15 +38,9 @@ def _base_urls(tmp_home: Path) -> tuple[str, str]:
 
 
 def _asyncpg_dsn(url: str) -> dict[str, Any]:
-    u = make_url(url)
-    kwargs: dict[str, Any] = {"user": u.username or "postgres", "database": u.database}
-    host = u.query.get("host") or u.host
-    kwargs["host"] = host
-    if u.port:
-        kwargs["port"] = u.port
-    if u.password:
-        kwargs["password"] = u.password
-    return kwargs
+    from app.core.pg import connect_kwargs
+
+    return connect_kwargs(url)
 
 
 @pytest.fixture(scope="session")

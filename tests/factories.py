@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
+import asyncpg
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.runs import service
+from app.core.pg import connect_kwargs
 from app.runs.models import Run
+from app.runs.repository import insert_run
 from app.runs.schemas import RunCreate
 from app.runs.status import RunStatus
 
@@ -24,11 +27,21 @@ async def create_run(
     """A committed run, forced into ``status`` (bypassing the state machine on purpose)."""
     from tests.conftest import run_body
 
+    url = maker.kw["bind"].url.render_as_string(hide_password=False)
+    conn = await asyncpg.connect(**connect_kwargs(url))
+    try:
+        await conn.set_type_codec(
+            "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+        )
+        created = await insert_run(conn, project_id, RunCreate.model_validate(run_body()))
+    finally:
+        await conn.close()
     async with maker() as s:
-        run = await service.create_run(s, project_id, RunCreate.model_validate(run_body()))
         values: dict[str, Any] = {"status": status.value, **fields}
         run = (
-            await s.execute(update(Run).where(Run.id == run.id).values(**values).returning(Run))
+            await s.execute(
+                update(Run).where(Run.id == created["id"]).values(**values).returning(Run)
+            )
         ).scalar_one()
         await s.commit()
         return run

@@ -6,7 +6,6 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.auth.service import Principal, authenticate
-from app.core.deps import Session
 from app.core.errors import Problem
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ty_…`")
@@ -18,12 +17,13 @@ def _unauthorized(detail: str) -> Problem:
 
 async def current_principal(
     request: Request,
-    session: Session,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise _unauthorized("Send an API key as 'Authorization: Bearer <key>'.")
-    principal = await authenticate(session, credentials.credentials, request.app.state.key_cache)
+    principal = await authenticate(
+        request.app.state.pg, credentials.credentials, request.app.state.key_cache
+    )
     if principal is None:
         raise _unauthorized("Unknown or revoked API key.")
     return principal

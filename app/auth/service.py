@@ -5,18 +5,23 @@ Keys are 256-bit random tokens, so a fast hash is enough; there is nothing to br
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import logging
 import secrets
 import time
 import uuid
 from dataclasses import dataclass
 
+import asyncpg
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.models import ApiKey, Project
 from app.core.time import utcnow
+
+log = logging.getLogger(__name__)
 
 KEY_PREFIX = "ty_"
 
@@ -59,15 +64,17 @@ async def revoke_key(session: AsyncSession, key_id: uuid.UUID) -> bool:
 
 
 class KeyCache:
-    """Recently verified keys, so a GET costs one query, not two.
+    """Recently verified keys, so a request costs no extra query.
 
-    A revoked key stops working within ``ttl`` seconds in every API process.
+    A revoked key stops working within ``ttl`` seconds in every API process. Concurrent
+    misses for one key share a single lookup, so an expiry does not stampede the database.
     """
 
     def __init__(self, ttl: float = 5.0, max_entries: int = 10_000) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
         self._entries: dict[str, tuple[Principal, float]] = {}
+        self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
 
     def get(self, digest: str) -> Principal | None:
         hit = self._entries.get(digest)
@@ -84,22 +91,51 @@ class KeyCache:
         self._entries.clear()
 
 
-async def authenticate(session: AsyncSession, plain: str, cache: KeyCache) -> Principal | None:
+_LOOKUP = (
+    "SELECT id, project_id, last_used_at < now() - interval '60 seconds'"
+    " OR last_used_at IS NULL AS stale"
+    " FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL"
+)
+_TOUCH = "UPDATE api_keys SET last_used_at = now() WHERE id = $1"
+_background: set[asyncio.Task[None]] = set()
+
+
+async def authenticate(pool: asyncpg.Pool, plain: str, cache: KeyCache) -> Principal | None:
+    """The key's principal, from the cache or one indexed lookup; None if unknown/revoked."""
     digest = hash_key(plain)
     principal = cache.get(digest)
     if principal is not None:
         return principal
-    row = (
-        await session.execute(
-            update(ApiKey)
-            .where(ApiKey.key_hash == digest, ApiKey.revoked_at.is_(None))  # type: ignore[union-attr]
-            .values(last_used_at=utcnow())
-            .returning(ApiKey.id, ApiKey.project_id)
-        )
-    ).first()
-    await session.commit()
-    if row is None:
-        return None
-    principal = Principal(project_id=row.project_id, key_id=row.id)
-    cache.put(digest, principal)
-    return principal
+    pending = cache._inflight.get(digest)
+    if pending is not None:
+        return await asyncio.shield(pending)
+    future: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
+    cache._inflight[digest] = future
+    try:
+        async with pool.acquire() as conn:
+            row = await conn.fetchrow(_LOOKUP, digest)
+        principal = Principal(project_id=row["project_id"], key_id=row["id"]) if row else None
+        if principal is not None:
+            cache.put(digest, principal)
+            if row["stale"]:
+                # last_used_at is informational: refreshed at most once a minute, off the
+                # request path.
+                task = asyncio.create_task(_touch(pool, principal.key_id))
+                _background.add(task)
+                task.add_done_callback(_background.discard)
+        future.set_result(principal)
+        return principal
+    except BaseException as exc:
+        future.set_exception(exc)
+        future.exception()  # mark retrieved: waiters re-raise it themselves
+        raise
+    finally:
+        del cache._inflight[digest]
+
+
+async def _touch(pool: asyncpg.Pool, key_id: uuid.UUID) -> None:
+    try:
+        async with pool.acquire() as conn:
+            await conn.execute(_TOUCH, key_id)
+    except Exception:
+        log.warning("could not record last use of key %s", key_id, exc_info=True)

@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from app.auth.deps import Caller
 from app.checkpoints.models import Checkpoint
-from app.core.deps import Session
+from app.core.deps import ReadSession
 from app.core.errors import problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
@@ -43,7 +43,7 @@ class CheckpointsPage(BaseModel):
     responses=problem_responses(401, 404, 422),
 )
 async def list_run_checkpoints(
-    run_id: uuid.UUID, caller: Caller, session: Session, page: Paging
+    run_id: uuid.UUID, caller: Caller, session: ReadSession, page: Paging
 ) -> dict[str, object]:
     """Complete checkpoints of the run, by step; the final model is marked `is_final`."""
     await ensure_run_visible(session, caller.project_id, run_id)

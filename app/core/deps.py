@@ -1,4 +1,9 @@
-"""Request-scoped dependencies: the database session."""
+"""Request-scoped dependencies: database sessions.
+
+``Session`` is transactional: the handler commits explicitly, anything else rolls back.
+``ReadSession`` runs each statement in autocommit mode: no BEGIN/ROLLBACK round trips on
+the GET paths, which only ever issue single-statement reads.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
-    """A session for this request; the handler commits explicitly, anything else rolls back."""
     async with request.app.state.sessionmaker() as session:
         yield session
 
 
+async def get_read_session(request: Request) -> AsyncIterator[AsyncSession]:
+    async with request.app.state.read_sessionmaker() as session:
+        yield session
+
+
 Session = Annotated[AsyncSession, Depends(get_session)]
+ReadSession = Annotated[AsyncSession, Depends(get_read_session)]

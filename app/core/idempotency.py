@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import Column, Index, PrimaryKeyConstraint, Uuid, delete, select
-from sqlalchemy.dialects.postgresql import insert
+import asyncpg
+from sqlalchemy import Column, Index, PrimaryKeyConstraint, Uuid, delete
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import Field, SQLModel
 
@@ -52,7 +52,7 @@ class Replay:
 
 
 async def record(
-    session: AsyncSession,
+    conn: asyncpg.Connection,
     project_id: uuid.UUID,
     key: str,
     fingerprint: str,
@@ -64,40 +64,37 @@ async def record(
     On False the caller rolls back what it created and answers with :func:`replay`. A
     concurrent request with the same key blocks on the primary key until this one commits.
     """
-    inserted = await session.execute(
-        insert(IdempotencyKey)
-        .values(
-            project_id=project_id,
-            key=key,
-            request_hash=fingerprint,
-            status_code=status_code,
-            response=response,
-        )
-        .on_conflict_do_nothing()
-        .returning(IdempotencyKey.key)
+    inserted = await conn.fetchval(
+        "INSERT INTO idempotency_keys (project_id, key, request_hash, status_code, response)"
+        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+        project_id,
+        key,
+        fingerprint,
+        status_code,
+        response,
     )
-    return inserted.first() is not None
+    return bool(inserted)
 
 
 async def replay(
-    session: AsyncSession, project_id: uuid.UUID, key: str, fingerprint: str
+    conn: asyncpg.Connection, project_id: uuid.UUID, key: str, fingerprint: str
 ) -> Replay:
     """The first answer given under ``key``; 422 if that request had another body."""
-    row = (
-        await session.execute(
-            select(IdempotencyKey).where(
-                IdempotencyKey.project_id == project_id, IdempotencyKey.key == key
-            )
-        )
-    ).scalar_one()
-    if row.request_hash != fingerprint:
+    row = await conn.fetchrow(
+        "SELECT request_hash, status_code, response FROM idempotency_keys"
+        " WHERE project_id = $1 AND key = $2",
+        project_id,
+        key,
+    )
+    assert row is not None, "replay() is only called after record() found the key"
+    if row["request_hash"] != fingerprint:
         raise Problem(
             422,
             "Idempotency-Key reused with a different body",
             "This Idempotency-Key was first used with another request body; use a new key.",
             field="header.Idempotency-Key",
         )
-    return Replay(row.status_code, row.response)
+    return Replay(row["status_code"], row["response"])
 
 
 async def purge_expired(session: AsyncSession) -> int:

@@ -17,7 +17,7 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy import select
 
 from app.auth.deps import Caller
-from app.core.deps import Session
+from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
 from app.core.settings import get_settings
@@ -38,7 +38,7 @@ router = APIRouter(prefix="/runs/{run_id}/events", tags=["events"])
     responses=problem_responses(401, 404, 422),
 )
 async def list_run_events(
-    run_id: uuid.UUID, caller: Caller, session: Session, page: Paging
+    run_id: uuid.UUID, caller: Caller, session: ReadSession, page: Paging
 ) -> dict[str, object]:
     """The run's events, oldest first."""
     await ensure_run_visible(session, caller.project_id, run_id)
@@ -67,7 +67,7 @@ def _sse(event: RunEvent) -> str:
 async def stream_run_events(
     run_id: uuid.UUID,
     caller: Caller,
-    session: Session,
+    session: ReadSession,
     request: Request,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
     after: Annotated[int | None, Query(ge=0, description="Start after this event id.")] = None,

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
 
 from app.auth.deps import Caller
-from app.core.deps import Session
+from app.core.deps import ReadSession
 from app.core.errors import problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
 from app.inputs.models import TaskInput
@@ -44,7 +44,7 @@ class TaskInputsPage(BaseModel):
 async def list_run_inputs(
     run_id: uuid.UUID,
     caller: Caller,
-    session: Session,
+    session: ReadSession,
     page: Paging,
     split: Annotated[str | None, Query(pattern=r"^(train|validation)$")] = None,
 ) -> dict[str, object]:

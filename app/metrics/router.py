@@ -8,7 +8,7 @@ from pydantic import BaseModel
 from sqlalchemy import select
 
 from app.auth.deps import Caller
-from app.core.deps import Session
+from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
 from app.metrics.models import MetricPoint
 from app.runs.service import ensure_run_visible
@@ -42,7 +42,7 @@ class RunMetrics(BaseModel):
 async def get_run_metrics(
     run_id: uuid.UUID,
     caller: Caller,
-    session: Session,
+    session: ReadSession,
     name: Annotated[
         list[str] | None, Query(max_length=50, description="Only these series.")
     ] = None,

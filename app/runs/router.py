@@ -4,15 +4,15 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.auth.deps import Caller
 from app.core import idempotency
-from app.core.deps import Session
-from app.core.errors import problem_responses
+from app.core.deps import ReadSession, Session
+from app.core.errors import NotFound, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
-from app.runs import service
+from app.runs import repository, service
 from app.runs.models import Run
 from app.runs.schemas import RunCreate, RunPublic, RunsPage
 from app.runs.status import RunStatus
@@ -34,19 +34,24 @@ def _public(run: Run) -> RunPublic:
     return RunPublic.model_validate(run)
 
 
-def _etag(run: Run) -> str:
+def _etag(run: RunPublic | Run) -> str:
     return f'"{run.id.hex}-{run.version}"'
 
 
 def _run_response(
-    run: Run, status_code: int = 200, headers: dict[str, str] | None = None
+    run: RunPublic | Run, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
+    public = run if isinstance(run, RunPublic) else _public(run)
     return Response(
-        _public(run).model_dump_json(),
+        public.model_dump_json(),
         status_code=status_code,
         media_type="application/json",
-        headers={"ETag": _etag(run), **(headers or {})},
+        headers={"ETag": _etag(public), **(headers or {})},
     )
+
+
+class _KeyTaken(Exception):
+    pass
 
 
 @router.post(
@@ -65,22 +70,35 @@ def _run_response(
 async def create_run(
     body: RunCreate,
     caller: Caller,
-    session: Session,
+    request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
     """Create a run and queue it. Answers 202 with the run and its `Location`."""
-    run = await service.create_run(session, caller.project_id, body)
-    location = f"/runs/{run.id}"
-    if idempotency_key is not None:
-        fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
-        payload = _public(run).model_dump(mode="json")
-        if not await idempotency.record(
-            session, caller.project_id, idempotency_key, fingerprint, 202, payload
-        ):
-            await session.rollback()
-            replay = await idempotency.replay(
-                session, caller.project_id, idempotency_key, fingerprint
+    async with request.app.state.pg.acquire() as conn:
+        if idempotency_key is None:
+            # One atomic statement: no transaction round trips needed.
+            run = RunPublic.model_validate(
+                await repository.insert_run(conn, caller.project_id, body)
             )
+            return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
+        fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
+        try:
+            async with conn.transaction():
+                run = RunPublic.model_validate(
+                    await repository.insert_run(conn, caller.project_id, body)
+                )
+                stored = await idempotency.record(
+                    conn,
+                    caller.project_id,
+                    idempotency_key,
+                    fingerprint,
+                    202,
+                    run.model_dump(mode="json"),
+                )
+                if not stored:
+                    raise _KeyTaken  # roll back this run; answer as the first request was
+        except _KeyTaken:
+            replay = await idempotency.replay(conn, caller.project_id, idempotency_key, fingerprint)
             return JSONResponse(
                 replay.response,
                 status_code=replay.status_code,
@@ -89,8 +107,7 @@ async def create_run(
                     "Idempotent-Replayed": "true",
                 },
             )
-    await session.commit()
-    return _run_response(run, 202, {"Location": location})
+    return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
 
 
 @router.get(
@@ -101,7 +118,7 @@ async def create_run(
 )
 async def list_runs(
     caller: Caller,
-    session: Session,
+    session: ReadSession,
     page: Paging,
     status: Annotated[list[RunStatus] | None, Query(max_length=9)] = None,
     model_name: Annotated[str | None, Query(max_length=500)] = None,
@@ -143,11 +160,15 @@ async def list_runs(
 async def get_run(
     run_id: uuid.UUID,
     caller: Caller,
-    session: Session,
+    request: Request,
     if_none_match: Annotated[str | None, Header(alias="If-None-Match", max_length=200)] = None,
 ) -> Response:
     """One run. Send `If-None-Match` with the last ETag to poll cheaply (304)."""
-    run = await service.get_run(session, caller.project_id, run_id)
+    async with request.app.state.pg.acquire() as conn:
+        row = await repository.fetch_run(conn, caller.project_id, run_id)
+    if row is None:
+        raise NotFound("Run")
+    run = RunPublic.model_validate(row)
     etag = _etag(run)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag})

@@ -1,4 +1,7 @@
-"""Run use cases shared by the API and the workers. Nothing here commits."""
+"""Run use cases shared by the API and the workers. Nothing here commits.
+
+Creating a run lives in :mod:`app.runs.repository` (one hand-written statement).
+"""
 
 from __future__ import annotations
 
@@ -12,68 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.errors import NotFound
 from app.events.models import RunEvent
-from app.inputs.models import TaskInput
 from app.runs.dispatch import mark_due
 from app.runs.leases import lease_is_live
 from app.runs.models import Run
-from app.runs.schemas import RunCreate
 from app.runs.state import TransitionConflict, transition
 from app.runs.status import TERMINAL, RunStatus
 
 # A request that loses a compare-and-set to a worker re-reads and tries again this often.
 _CAS_RETRIES = 3
-
-
-async def create_run(session: AsyncSession, project_id: uuid.UUID, body: RunCreate) -> Run:
-    """Insert the run, its inline inputs and its first event, and mark it due: a worker
-    picks it up once the caller commits."""
-    run = (
-        await session.execute(
-            insert(Run)
-            .values(
-                project_id=project_id,
-                status=RunStatus.PENDING.value,
-                model_name=body.model_name,
-                trained_model_name=body.trained_model_name,
-                task_description=body.task_description,
-                num_examples=len(body.inputs) if body.inputs else body.num_examples,
-                rollouts_per_group=body.rollouts_per_group,
-                learning_rate=body.learning_rate,
-                num_epochs=body.num_epochs,
-                max_steps=body.max_steps,
-                system_prompt=body.system_prompt,
-                learning_key=body.learning_key,
-                reward=body.reward.model_dump(mode="json"),
-                grpo=body.grpo.model_dump(mode="json"),
-                config=body.config,
-            )
-            .returning(Run)
-        )
-    ).scalar_one()
-    if body.inputs:
-        await session.execute(
-            insert(TaskInput),
-            [
-                {
-                    "run_id": run.id,
-                    "index": i,
-                    "input_text": item.input_text,
-                    "context": item.context,
-                    "split": item.split,
-                }
-                for i, item in enumerate(body.inputs)
-            ],
-        )
-    await session.execute(
-        insert(RunEvent).values(
-            run_id=run.id,
-            type="created",
-            message="run created",
-            data={"inline_inputs": len(body.inputs or [])},
-        )
-    )
-    await mark_due(session, run.id)
-    return run
 
 
 async def get_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:

@@ -9,7 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 
 from app.auth.deps import Caller
-from app.core.deps import Session
+from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
@@ -49,7 +49,7 @@ class TrajectoriesPage(BaseModel):
 async def list_run_trajectories(
     run_id: uuid.UUID,
     caller: Caller,
-    session: Session,
+    session: ReadSession,
     page: Paging,
     step: Annotated[int | None, Query(ge=0)] = None,
     min_reward: float | None = None,

@@ -1,0 +1,44 @@
+"""A plain asyncpg pool beside SQLAlchemy's, for the API's hottest statements.
+
+``GET /runs/{id}`` and ``POST /runs`` are what every client hammers; through asyncpg
+directly they cost a fraction of the CPU of the ORM path (see docs/benchmarks.md). Every
+other query goes through SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+
+def connect_kwargs(url: str) -> dict[str, Any]:
+    """asyncpg.connect() arguments for a SQLAlchemy URL (TCP or ``?host=/socket/dir``)."""
+    u = make_url(url)
+    kwargs: dict[str, Any] = {
+        "user": u.username or "postgres",
+        "database": u.database,
+        "host": u.query.get("host") or u.host,
+    }
+    if u.port:
+        kwargs["port"] = u.port
+    if u.password:
+        kwargs["password"] = u.password
+    return kwargs
+
+
+async def init_connection(conn: asyncpg.Connection) -> None:
+    for name in ("json", "jsonb"):
+        await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(url: str, *, size: int) -> asyncpg.Pool:
+    return await asyncpg.create_pool(
+        **connect_kwargs(url),
+        min_size=1,
+        max_size=size,
+        init=init_connection,
+        server_settings={"application_name": "trainyard-api"},
+    )

@@ -1,0 +1,84 @@
+"""Hand-written SQL for the two hottest run statements, on a plain asyncpg connection.
+
+Creating a run is one statement: the run, its inline inputs, its first event and the
+``pg_notify`` that wakes the reconciler, all atomic and all delivered only on commit.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+
+from app.runs.dispatch import DUE_CHANNEL
+from app.runs.schemas import RunCreate, RunPublic
+
+PUBLIC_COLUMNS = ", ".join(RunPublic.model_fields)
+
+_CREATE = f"""
+WITH run AS (
+    INSERT INTO runs (
+        id, project_id, status, model_name, trained_model_name, task_description,
+        num_examples, rollouts_per_group, learning_rate, num_epochs, max_steps,
+        system_prompt, learning_key, reward, grpo, config,
+        step, epoch, version, attempt, cancel_requested, pause_requested
+    )
+    VALUES (
+        $1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+        0, 0, 1, 0, false, false
+    )
+    RETURNING {PUBLIC_COLUMNS}
+), inputs AS (
+    INSERT INTO task_inputs (id, run_id, index, input_text, context, split)
+    SELECT gen_random_uuid(), $1, i.index, i.input_text, i.context, i.split
+    FROM jsonb_to_recordset($16::jsonb) AS i(index int, input_text text, context jsonb, split text)
+), event AS (
+    INSERT INTO run_events (run_id, type, level, message, data)
+    VALUES ($1, 'created', 'info', 'run created', $17::jsonb)
+)
+SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
+"""
+
+_GET = f"SELECT {PUBLIC_COLUMNS} FROM runs WHERE id = $1 AND project_id = $2"
+
+
+async def insert_run(
+    conn: asyncpg.Connection, project_id: uuid.UUID, body: RunCreate
+) -> dict[str, Any]:
+    """Insert the run, its inputs and its "created" event; it is due once committed."""
+    run_id = uuid.uuid4()
+    inputs = [
+        {"index": i, **item.model_dump(mode="json")} for i, item in enumerate(body.inputs or [])
+    ]
+    row = await conn.fetchrow(
+        _CREATE,
+        run_id,
+        project_id,
+        body.model_name,
+        body.trained_model_name,
+        body.task_description,
+        len(inputs) if inputs else body.num_examples,
+        body.rollouts_per_group,
+        body.learning_rate,
+        body.num_epochs,
+        body.max_steps,
+        body.system_prompt,
+        body.learning_key,
+        body.reward.model_dump(mode="json"),
+        body.grpo.model_dump(mode="json"),
+        body.config,
+        inputs,
+        {"inline_inputs": len(inputs)},
+    )
+    assert row is not None
+    run = dict(row)
+    del run["notified"]
+    return run
+
+
+async def fetch_run(
+    conn: asyncpg.Connection, project_id: uuid.UUID, run_id: uuid.UUID
+) -> dict[str, Any] | None:
+    row = await conn.fetchrow(_GET, run_id, project_id)
+    return dict(row) if row is not None else None
