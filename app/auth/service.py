@@ -17,6 +17,7 @@ import asyncpg
 from sqlalchemy import select, update
 from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from app.auth.models import ApiKey, Project
 from app.core.time import utcnow
@@ -40,7 +41,7 @@ class Principal:
 
 async def get_or_create_project(session: AsyncSession, name: str) -> Project:
     await session.execute(insert(Project).values(name=name).on_conflict_do_nothing())
-    return (await session.execute(select(Project).where(Project.name == name))).scalar_one()
+    return (await session.execute(select(Project).where(col(Project.name) == name))).scalar_one()
 
 
 async def create_key(
@@ -57,7 +58,7 @@ async def create_key(
 async def revoke_key(session: AsyncSession, key_id: uuid.UUID) -> bool:
     result = await session.execute(
         update(ApiKey)
-        .where(ApiKey.id == key_id, ApiKey.revoked_at.is_(None))  # type: ignore[union-attr]
+        .where(col(ApiKey.id) == key_id, col(ApiKey.revoked_at).is_(None))
         .values(revoked_at=utcnow())
     )
     return bool(getattr(result, "rowcount", 0))

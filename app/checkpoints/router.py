@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
+from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.checkpoints.models import Checkpoint
@@ -47,10 +48,12 @@ async def list_run_checkpoints(
 ) -> dict[str, object]:
     """Complete checkpoints of the run, by step; the final model is marked `is_final`."""
     await ensure_run_visible(session, caller.project_id, run_id)
-    query = select(Checkpoint).where(Checkpoint.run_id == run_id)
+    query = select(Checkpoint).where(col(Checkpoint.run_id) == run_id)
     if page.after:
-        query = query.where(Checkpoint.step > decode_cursor(page.after, int)[0])
+        query = query.where(col(Checkpoint.step) > decode_cursor(page.after, int)[0])
     rows = list(
-        (await session.execute(query.order_by(Checkpoint.step).limit(page.limit + 1))).scalars()
+        (
+            await session.execute(query.order_by(col(Checkpoint.step)).limit(page.limit + 1))
+        ).scalars()
     )
     return make_page(rows, page.limit, lambda c: (c.step,), CheckpointPublic.model_validate)

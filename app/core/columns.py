@@ -18,10 +18,9 @@ def timestamp(*, nullable: bool = False, default_now: bool = True, index: bool =
 
 
 def jsonb(*, nullable: bool = False, default: str | None = "{}", name: str | None = None) -> Any:
-    args: list[Any] = [name] if name else []
     return Column(
-        *args,
         JSONB,
+        name=name or None,
         nullable=nullable,
         server_default=text(f"'{default}'::jsonb") if default is not None else None,
     )

@@ -17,7 +17,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy import Column, Index, PrimaryKeyConstraint, Uuid, delete
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlmodel import Field, SQLModel
+from sqlmodel import Field, SQLModel, col
 
 from app.core.columns import jsonb, timestamp
 from app.core.errors import Problem
@@ -99,6 +99,6 @@ async def replay(
 
 async def purge_expired(session: AsyncSession) -> int:
     result = await session.execute(
-        delete(IdempotencyKey).where(IdempotencyKey.created_at < utcnow() - KEY_TTL)
+        delete(IdempotencyKey).where(col(IdempotencyKey.created_at) < utcnow() - KEY_TTL)
     )
     return int(getattr(result, "rowcount", 0) or 0)

@@ -15,6 +15,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 from sqlalchemy import select
+from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
@@ -93,7 +94,7 @@ async def stream_run_events(
             async with maker() as s:
                 # Status first: a terminal status read here means its event (written in the
                 # same transaction) is visible to the next statement.
-                status = await s.scalar(select(Run.status).where(Run.id == run_id))
+                status = await s.scalar(select(col(Run.status)).where(col(Run.id) == run_id))
                 batch = await service.list_after(s, run_id, after_id=cursor, limit=500)
             for event in batch:
                 cursor = event.id or cursor

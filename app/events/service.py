@@ -5,6 +5,7 @@ from typing import Any
 
 from sqlalchemy import insert, select
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from app.events.models import RunEvent
 
@@ -33,8 +34,8 @@ async def list_after(
         (
             await session.execute(
                 select(RunEvent)
-                .where(RunEvent.run_id == run_id, RunEvent.id > after_id)  # type: ignore[operator]
-                .order_by(RunEvent.id)  # type: ignore[arg-type]
+                .where(col(RunEvent.run_id) == run_id, col(RunEvent.id) > after_id)
+                .order_by(col(RunEvent.id))
                 .limit(limit)
             )
         ).scalars()

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import select
+from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
@@ -50,12 +51,14 @@ async def list_run_inputs(
 ) -> dict[str, object]:
     """The run's training inputs, by index."""
     await ensure_run_visible(session, caller.project_id, run_id)
-    query = select(TaskInput).where(TaskInput.run_id == run_id)
+    query = select(TaskInput).where(col(TaskInput.run_id) == run_id)
     if split is not None:
-        query = query.where(TaskInput.split == split)
+        query = query.where(col(TaskInput.split) == split)
     if page.after:
-        query = query.where(TaskInput.index > decode_cursor(page.after, int)[0])
+        query = query.where(col(TaskInput.index) > decode_cursor(page.after, int)[0])
     rows = list(
-        (await session.execute(query.order_by(TaskInput.index).limit(page.limit + 1))).scalars()
+        (
+            await session.execute(query.order_by(col(TaskInput.index)).limit(page.limit + 1))
+        ).scalars()
     )
     return make_page(rows, page.limit, lambda t: (t.index,), TaskInputPublic.model_validate)

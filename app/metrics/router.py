@@ -6,6 +6,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 from sqlalchemy import select
+from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
@@ -55,16 +56,16 @@ async def get_run_metrics(
             422, "Invalid step range", "step_min exceeds step_max.", field="query.step_min"
         )
     await ensure_run_visible(session, caller.project_id, run_id)
-    query = select(MetricPoint.name, MetricPoint.step, MetricPoint.value).where(
-        MetricPoint.run_id == run_id
+    query = select(col(MetricPoint.name), col(MetricPoint.step), col(MetricPoint.value)).where(
+        col(MetricPoint.run_id) == run_id
     )
     if name:
-        query = query.where(MetricPoint.name.in_(name))  # type: ignore[attr-defined]
+        query = query.where(col(MetricPoint.name).in_(name))
     if step_min is not None:
-        query = query.where(MetricPoint.step >= step_min)
+        query = query.where(col(MetricPoint.step) >= step_min)
     if step_max is not None:
-        query = query.where(MetricPoint.step <= step_max)
-    query = query.order_by(MetricPoint.name, MetricPoint.step).limit(MAX_POINTS)
+        query = query.where(col(MetricPoint.step) <= step_max)
+    query = query.order_by(col(MetricPoint.name), col(MetricPoint.step)).limit(MAX_POINTS)
     series: dict[str, list[Point]] = {}
     for row in await session.execute(query):
         series.setdefault(row.name, []).append(Point(step=row.step, value=row.value))

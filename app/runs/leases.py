@@ -14,6 +14,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from app.events.models import RunEvent
 from app.runs.models import Run
@@ -41,12 +42,12 @@ async def claim(
         await session.execute(
             update(Run)
             .where(
-                Run.id == run_id,
-                Run.status.in_(_claimable()),  # type: ignore[attr-defined]
-                Run.cancel_requested.is_(False),  # type: ignore[attr-defined]
-                Run.pause_requested.is_(False),  # type: ignore[attr-defined]
-                (Run.lease_owner.is_(None)) | (Run.lease_expires_at < func.now()),  # type: ignore[union-attr,operator]
-                Run.attempt < max_attempts,
+                col(Run.id) == run_id,
+                col(Run.status).in_(_claimable()),
+                col(Run.cancel_requested).is_(False),
+                col(Run.pause_requested).is_(False),
+                (col(Run.lease_owner).is_(None)) | (col(Run.lease_expires_at) < func.now()),
+                col(Run.attempt) < max_attempts,
             )
             .values(
                 lease_owner=owner,
@@ -91,9 +92,9 @@ async def claim(
 async def lease_is_live(session: AsyncSession, run_id: uuid.UUID) -> bool:
     return bool(
         await session.scalar(
-            select(Run.lease_expires_at > func.now()).where(  # type: ignore[operator]
-                Run.id == run_id,
-                Run.lease_owner.is_not(None),  # type: ignore[union-attr]
+            select(col(Run.lease_expires_at) > func.now()).where(
+                col(Run.id) == run_id,
+                col(Run.lease_owner).is_not(None),
             )
         )
     )
@@ -116,13 +117,13 @@ async def renew(
         await session.execute(
             update(Run)
             .where(
-                Run.id == run_id,
-                Run.lease_owner == fence.owner,
-                Run.attempt == fence.attempt,
-                Run.status.not_in([s.value for s in TERMINAL]),  # type: ignore[attr-defined]
+                col(Run.id) == run_id,
+                col(Run.lease_owner) == fence.owner,
+                col(Run.attempt) == fence.attempt,
+                col(Run.status).not_in([s.value for s in TERMINAL]),
             )
             .values(lease_expires_at=func.now() + timedelta(seconds=ttl_seconds))
-            .returning(Run.status, Run.cancel_requested, Run.pause_requested)
+            .returning(col(Run.status), col(Run.cancel_requested), col(Run.pause_requested))
         )
     ).first()
     if row is None:
@@ -134,7 +135,11 @@ async def release(session: AsyncSession, run_id: uuid.UUID, fence: Fence) -> boo
     """Give the run back (it stays in its status for the next worker); False if not ours."""
     result = await session.execute(
         update(Run)
-        .where(Run.id == run_id, Run.lease_owner == fence.owner, Run.attempt == fence.attempt)
+        .where(
+            col(Run.id) == run_id,
+            col(Run.lease_owner) == fence.owner,
+            col(Run.attempt) == fence.attempt,
+        )
         .values(lease_owner=None, lease_expires_at=None)
     )
     return bool(getattr(result, "rowcount", 0))

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 from sqlalchemy import func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from app.events import service as events
 from app.runs.models import Run
@@ -43,17 +44,17 @@ async def sweep(
         await session.execute(
             select(Run)
             .where(
-                Run.status.in_([s.value for s in CLAIMABLE]),  # type: ignore[attr-defined]
-                or_(Run.lease_owner.is_(None), Run.lease_expires_at < now),  # type: ignore[union-attr,operator]
+                col(Run.status).in_([s.value for s in CLAIMABLE]),
+                or_(col(Run.lease_owner).is_(None), col(Run.lease_expires_at) < now),
                 or_(
-                    Run.dispatched_at.is_(None),  # type: ignore[union-attr]
-                    Run.dispatched_at < now - timedelta(seconds=redispatch_after_seconds),  # type: ignore[operator]
-                    Run.lease_owner.is_not(None),  # type: ignore[union-attr]
-                    Run.cancel_requested,
-                    Run.pause_requested,
+                    col(Run.dispatched_at).is_(None),
+                    col(Run.dispatched_at) < now - timedelta(seconds=redispatch_after_seconds),
+                    col(Run.lease_owner).is_not(None),
+                    col(Run.cancel_requested),
+                    col(Run.pause_requested),
                 ),
             )
-            .order_by(Run.dispatched_at.asc().nulls_first())  # type: ignore[union-attr]
+            .order_by(col(Run.dispatched_at).asc().nulls_first())
             .limit(batch)
             .with_for_update(skip_locked=True)
         )
@@ -107,7 +108,7 @@ async def sweep(
             )
         await session.execute(
             update(Run)
-            .where(Run.id == run.id)
+            .where(col(Run.id) == run.id)
             .values(dispatched_at=now, lease_owner=None, lease_expires_at=None)
         )
         result.dispatch.append(run.id)

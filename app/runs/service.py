@@ -6,12 +6,13 @@ Creating a run lives in :mod:`app.runs.repository` (one hand-written statement).
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from app.core.errors import NotFound
 from app.events.models import RunEvent
@@ -28,7 +29,9 @@ _CAS_RETRIES = 3
 async def get_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
     """The run, if it belongs to the project; another project's run is simply not found."""
     run = (
-        await session.execute(select(Run).where(Run.id == run_id, Run.project_id == project_id))
+        await session.execute(
+            select(Run).where(col(Run.id) == run_id, col(Run.project_id) == project_id)
+        )
     ).scalar_one_or_none()
     if run is None:
         raise NotFound("Run")
@@ -39,7 +42,7 @@ async def ensure_run_visible(
     session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID
 ) -> None:
     found = await session.scalar(
-        select(Run.id).where(Run.id == run_id, Run.project_id == project_id)
+        select(col(Run.id)).where(col(Run.id) == run_id, col(Run.project_id) == project_id)
     )
     if found is None:
         raise NotFound("Run")
@@ -63,20 +66,20 @@ async def list_runs(
     after: tuple[datetime, uuid.UUID] | None,
 ) -> list[Run]:
     """Newest first, keyset on (created_at, id); returns up to ``limit + 1`` rows."""
-    query = select(Run).where(Run.project_id == project_id)
+    query = select(Run).where(col(Run.project_id) == project_id)
     if filters.status:
-        query = query.where(Run.status.in_([s.value for s in filters.status]))  # type: ignore[attr-defined]
+        query = query.where(col(Run.status).in_([s.value for s in filters.status]))
     if filters.model_name is not None:
-        query = query.where(Run.model_name == filters.model_name)
+        query = query.where(col(Run.model_name) == filters.model_name)
     if filters.learning_key is not None:
-        query = query.where(Run.learning_key == filters.learning_key)
+        query = query.where(col(Run.learning_key) == filters.learning_key)
     if filters.created_after is not None:
-        query = query.where(Run.created_at >= filters.created_after)  # type: ignore[operator]
+        query = query.where(col(Run.created_at) >= filters.created_after)
     if filters.created_before is not None:
-        query = query.where(Run.created_at < filters.created_before)  # type: ignore[operator]
+        query = query.where(col(Run.created_at) < filters.created_before)
     if after is not None:
         query = query.where(func.row(Run.created_at, Run.id) < func.row(*after))
-    query = query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1)  # type: ignore[union-attr,attr-defined]
+    query = query.order_by(col(Run.created_at).desc(), col(Run.id).desc()).limit(limit + 1)
     return list((await session.execute(query)).scalars())
 
 
@@ -85,7 +88,7 @@ async def _flag(session: AsyncSession, run: Run, *, column: str, event: str, mes
     updated = (
         await session.execute(
             update(Run)
-            .where(Run.id == run.id, Run.version == run.version)
+            .where(col(Run.id) == run.id, col(Run.version) == run.version)
             .values({column: True, "version": Run.version + 1, "updated_at": func.now()})
             .returning(Run)
             .execution_options(synchronize_session=False, populate_existing=True)
@@ -97,11 +100,11 @@ async def _flag(session: AsyncSession, run: Run, *, column: str, event: str, mes
     return updated
 
 
-async def _with_retries(session: AsyncSession, attempt: Any) -> Run:
+async def _with_retries(session: AsyncSession, attempt: Callable[[], Awaitable[Run]]) -> Run:
     for i in range(_CAS_RETRIES):
         try:
             async with session.begin_nested():
-                return await attempt()  # type: ignore[no-any-return]
+                return await attempt()
         except TransitionConflict as conflict:
             if not conflict.retryable or i == _CAS_RETRIES - 1:
                 raise
@@ -189,7 +192,7 @@ async def resume_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.
             updated = (
                 await session.execute(
                     update(Run)
-                    .where(Run.id == run_id, Run.version == run.version)
+                    .where(col(Run.id) == run_id, col(Run.version) == run.version)
                     .values(pause_requested=False, version=Run.version + 1, updated_at=func.now())
                     .returning(Run)
                     .execution_options(synchronize_session=False, populate_existing=True)

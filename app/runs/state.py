@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlmodel import col
 
 from app.core.errors import Problem
 from app.events.models import RunEvent
@@ -110,7 +111,9 @@ async def transition(
     """
     row = (
         await session.execute(
-            select(Run.status, Run.version, Run.lease_owner, Run.attempt).where(Run.id == run_id)
+            select(col(Run.status), col(Run.version), col(Run.lease_owner), col(Run.attempt)).where(
+                col(Run.id) == run_id
+            )
         )
     ).first()
     if row is None:
@@ -146,9 +149,11 @@ async def transition(
     if error is not None:
         changes["error"] = error
 
-    stmt = update(Run).where(Run.id == run_id, Run.status == src.value, Run.version == row.version)
+    stmt = update(Run).where(
+        col(Run.id) == run_id, col(Run.status) == src.value, col(Run.version) == row.version
+    )
     if fence is not None:
-        stmt = stmt.where(Run.lease_owner == fence.owner, Run.attempt == fence.attempt)
+        stmt = stmt.where(col(Run.lease_owner) == fence.owner, col(Run.attempt) == fence.attempt)
     updated = (
         await session.execute(
             stmt.values(**changes)
@@ -157,7 +162,7 @@ async def transition(
         )
     ).scalar_one_or_none()
     if updated is None:
-        current = await session.scalar(select(Run.status).where(Run.id == run_id))
+        current = await session.scalar(select(col(Run.status)).where(col(Run.id) == run_id))
         raise TransitionConflict(
             run_id,
             "The run changed while this request was being handled; fetch it and retry.",

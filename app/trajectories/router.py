@@ -7,6 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
+from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
@@ -61,14 +62,14 @@ async def list_run_trajectories(
             422, "Invalid reward range", "min_reward exceeds max_reward.", field="query.min_reward"
         )
     await ensure_run_visible(session, caller.project_id, run_id)
-    query = select(Trajectory).where(Trajectory.run_id == run_id)
+    query = select(Trajectory).where(col(Trajectory.run_id) == run_id)
     if step is not None:
-        query = query.where(Trajectory.step == step)
+        query = query.where(col(Trajectory.step) == step)
     if min_reward is not None:
-        query = query.where(Trajectory.reward >= min_reward)  # type: ignore[operator]
+        query = query.where(col(Trajectory.reward) >= min_reward)
     if max_reward is not None:
-        query = query.where(Trajectory.reward <= max_reward)  # type: ignore[operator]
-    order = (Trajectory.step, Trajectory.group_index, Trajectory.rollout_index)
+        query = query.where(col(Trajectory.reward) <= max_reward)
+    order = (col(Trajectory.step), col(Trajectory.group_index), col(Trajectory.rollout_index))
     if page.after:
         position = decode_cursor(page.after, int, int, int)
         query = query.where(func.row(*order) > func.row(*position))
