@@ -30,5 +30,5 @@ def test_overrides_set_nested_values_as_yaml_scalars() -> None:
 
 
 def test_bad_override_is_explained() -> None:
-    with pytest.raises(ValueError, match="key.path=value"):
+    with pytest.raises(ValueError, match=r"key\.path=value"):
         apply_overrides({}, ["no-equals-sign"])

@@ -66,12 +66,18 @@ async def record(
     """
     inserted = await conn.fetchval(
         "INSERT INTO idempotency_keys (project_id, key, request_hash, status_code, response)"
-        " VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING RETURNING true",
+        " VALUES ($1, $2, $3, $4, $5)"
+        # An expired key (older than KEY_TTL, not yet purged) is simply taken over.
+        " ON CONFLICT (project_id, key) DO UPDATE SET request_hash = EXCLUDED.request_hash,"
+        " status_code = EXCLUDED.status_code, response = EXCLUDED.response, created_at = now()"
+        " WHERE idempotency_keys.created_at < now() - $6::interval"
+        " RETURNING true",
         project_id,
         key,
         fingerprint,
         status_code,
         response,
+        KEY_TTL,
     )
     return bool(inserted)
 

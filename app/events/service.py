@@ -1,3 +1,11 @@
+"""The run event log.
+
+Readers page and stream by ``id`` and trust that, per run, ids become visible in order.
+That holds because every writer appends while holding the run's row lock (a transition,
+a lease renewal, a flag or the reconciler's ``FOR UPDATE`` come first in the transaction),
+so two transactions writing events of one run are serialised, ids and commits alike.
+"""
+
 from __future__ import annotations
 
 import uuid
@@ -19,6 +27,7 @@ async def append(
     level: str = "info",
     data: dict[str, Any] | None = None,
 ) -> None:
+    """Append an event; call it inside a transaction that already locked the run's row."""
     await session.execute(
         insert(RunEvent).values(
             run_id=run_id, type=type_, level=level, message=message, data=data or {}

@@ -72,7 +72,8 @@ class Run(SQLModel, table=True):
 
     step: int = 0
     epoch: int = 0
-    # Bumped by every write: compare-and-set token and ETag.
+    # Bumped by every change a client can see (status, flags, progress): the compare-and-
+    # set token and the ETag. Lease bookkeeping (renew, release, dispatch) leaves it alone.
     version: int = 1
     # Lease: which worker holds the run until when; attempt is the fencing token.
     lease_owner: str | None = Field(default=None, max_length=200)

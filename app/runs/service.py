@@ -149,7 +149,7 @@ async def pause_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.U
         run = await get_run(session, project_id, run_id)
         await session.refresh(run)
         status = RunStatus(run.status)
-        if status == RunStatus.PAUSED or run.pause_requested:
+        if status == RunStatus.PAUSED or (run.pause_requested and status not in TERMINAL):
             return run
         if status in TERMINAL:
             raise TransitionConflict(

@@ -142,6 +142,7 @@ async def transition(
         changes["completed_at"] = now
         changes["lease_owner"] = None
         changes["lease_expires_at"] = None
+        changes["pause_requested"] = False
     if dst == S.PAUSED:
         changes["pause_requested"] = False
         changes["lease_owner"] = None

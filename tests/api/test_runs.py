@@ -374,3 +374,35 @@ async def test_health_and_openapi(client) -> None:
     )
     assert "ProblemDetail" in spec["components"]["schemas"]
     json.dumps(spec)
+
+
+async def test_pause_of_a_finished_run_is_409_even_with_a_stale_request(
+    client, tenant, sessionmaker
+) -> None:
+    run = await create_run(
+        sessionmaker,
+        project_id=tenant.project_id,
+        status=RunStatus.CANCELLED,
+        pause_requested=True,
+    )
+    r = await client.post(f"/runs/{run.id}/pause", headers=tenant.headers)
+    assert r.status_code == 409
+
+
+async def test_expired_idempotency_key_is_taken_over(client, tenant, sessionmaker) -> None:
+    from sqlalchemy import update
+
+    from app.core.idempotency import IdempotencyKey
+
+    headers = {**tenant.headers, "Idempotency-Key": "old"}
+    first = (await client.post("/runs", json=run_body(), headers=headers)).json()
+    async with sessionmaker() as s:
+        await s.execute(
+            update(IdempotencyKey)
+            .where(IdempotencyKey.project_id == tenant.project_id)
+            .values(created_at=func.now() - func.make_interval(0, 0, 0, 2))
+        )
+        await s.commit()
+    second = await client.post("/runs", json=run_body(model_name="new"), headers=headers)
+    assert second.status_code == 202 and second.json()["id"] != first["id"]
+    assert "idempotent-replayed" not in second.headers
