@@ -195,6 +195,18 @@ def up(
         shutdown()
 
 
+@app.command("tiny-model")
+def tiny_model(
+    path: Annotated[Path, typer.Argument(help="Folder to write the model and tokenizer to.")],
+    seed: int = 0,
+) -> None:
+    """Build the tiny Llama and tokenizer used by the demo and the tests (no hub access)."""
+    from workers.ml.tiny_model import build_tiny_model
+
+    build_tiny_model(path, seed=seed)
+    err.print(f"tiny model written to {path}")
+
+
 # -- keys ----------------------------------------------------------------------------------
 
 

@@ -63,7 +63,9 @@ async def drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str:
         return "lease-lost"
     except Exception as exc:
         log.exception("run %s failed", run_id)
-        detail = f"{type(exc).__name__}: {exc}"
+        # A database error's own message, not the statement and its parameters.
+        cause = getattr(exc, "orig", None) or exc
+        detail = f"{type(cause).__name__}: {cause}"
         await _settle(
             ctx,
             RunStatus.FAILED,

@@ -14,7 +14,10 @@ class Checkpoint(SQLModel, table=True):
     """A complete checkpoint on disk: recorded only after its folder was renamed into place."""
 
     __tablename__ = "checkpoints"
-    __table_args__ = (Index("uq_checkpoints_run_step", "run_id", "step", unique=True),)
+    # The final model may share its step with the last resumable checkpoint.
+    __table_args__ = (
+        Index("uq_checkpoints_run_step_final", "run_id", "step", "is_final", unique=True),
+    )
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     run_id: uuid.UUID = Field(

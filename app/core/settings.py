@@ -28,6 +28,11 @@ class Settings(BaseSettings):
         default=Path(".trainyard"),
         description="Folder for embedded services and local artefacts (checkpoints).",
     )
+    artifacts_dir: Path | None = Field(
+        default=None,
+        description="Where workers write checkpoints and final models (shared storage on a "
+        "fleet, so any worker can resume any run). Unset: <home>/artifacts.",
+    )
     db_pool_size: int = Field(default=10, ge=1, description="Connections per API process.")
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
@@ -60,6 +65,10 @@ class Settings(BaseSettings):
         default=0.5, gt=0, description="How often an SSE stream looks for new events."
     )
     sse_keepalive_seconds: float = Field(default=15.0, gt=0)
+
+    @property
+    def artifacts(self) -> Path:
+        return (self.artifacts_dir or self.home / "artifacts").resolve()
 
 
 @lru_cache

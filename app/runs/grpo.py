@@ -49,7 +49,6 @@ class GrpoSettings(BaseModel):
     min_p: float | None = Field(default=None, ge=0, le=1)
     repetition_penalty: float = Field(default=1.0, gt=0, le=10)
     max_completion_length: int = Field(default=256, ge=1, le=131072)
-    max_prompt_length: int = Field(default=512, ge=1, le=131072)
     # Optimisation
     warmup_ratio: float = Field(default=0.1, ge=0, le=1)
     weight_decay: float = Field(default=0.01, ge=0, le=1)
@@ -60,8 +59,7 @@ class GrpoSettings(BaseModel):
     fp16: bool = False
     seed: int = Field(default=42, ge=0)
     lora: LoraSettings | None = Field(default=None, description="Set to train a LoRA adapter.")
-    # Logging, checkpoints, evaluation
-    logging_steps: int = Field(default=1, ge=1)
+    # Checkpoints and evaluation (metrics are stored for every step)
     save_steps: int = Field(default=500, ge=1)
     save_total_limit: int | None = Field(default=3, ge=1)
     eval_steps: int = Field(default=500, ge=1)

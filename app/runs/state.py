@@ -32,8 +32,9 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.GENERATING: frozenset({S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
     # Every rollout of the step is stored; the judges/reward functions take over.
     S.COLLECTING: frozenset({S.SCORING, S.PAUSED, S.FAILED, S.CANCELLED}),
-    # Every trajectory has its reward; the policy update starts.
-    S.SCORING: frozenset({S.TRAINING, S.PAUSED, S.FAILED, S.CANCELLED}),
+    # Every trajectory has its reward; the policy update starts. Back to collecting when a
+    # step is redone from the start after its worker died mid-scoring.
+    S.SCORING: frozenset({S.TRAINING, S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
     # A step ends: either the next one collects, or the plan is exhausted.
     S.TRAINING: frozenset({S.COLLECTING, S.COMPLETED, S.PAUSED, S.FAILED, S.CANCELLED}),
     # Resume puts the run back in the queue; a paused run can still be given up.

@@ -1,0 +1,286 @@
+"""The real pipeline end to end: a run created over HTTP is driven by a Celery worker
+through TRL's GRPO on the tiny model (CPU), with everything persisted."""
+
+from __future__ import annotations
+
+import statistics
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from app.checkpoints.models import Checkpoint
+from app.events.models import RunEvent
+from app.metrics.models import MetricPoint
+from app.trajectories.models import Trajectory
+from tests.workers.test_leases import _run, wait_for
+
+REAL = "workers.pipeline:run_pipeline"
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from workers.ml.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model_name": str(model),
+        "task_description": "Answer with as many letters a as you can.",
+        "trained_model_name": "tiny-letters",
+        "rollouts_per_group": 8,
+        "learning_rate": 5e-3,
+        "num_epochs": 100,
+        "max_steps": 60,
+        "inputs": [
+            {"input_text": t} for t in ["Say something.", "Sing.", "Shout.", "Write a word."]
+        ],
+        "reward": {
+            "type": "function",
+            "functions": [{"name": "char_fraction", "args": {"char": "a"}}],
+        },
+        "grpo": {
+            "groups_per_step": 2,
+            "temperature": 1.0,
+            "max_completion_length": 16,
+            "beta": 0.0,
+            "warmup_ratio": 0.0,
+            "save_steps": 20,
+        },
+    }
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return body
+
+
+async def _count(maker: Any, model: Any, run_id: str, *where: Any) -> int:
+    async with maker() as s:
+        return int(
+            await s.scalar(
+                select(func.count())
+                .select_from(model)
+                .where(model.run_id == uuid.UUID(run_id), *where)
+            )
+        )
+
+
+async def _trajectory_keys(maker: Any, run_id: str) -> list[tuple[int, int, int]]:
+    async with maker() as s:
+        rows = await s.execute(
+            select(Trajectory.step, Trajectory.group_index, Trajectory.rollout_index).where(
+                Trajectory.run_id == uuid.UUID(run_id)
+            )
+        )
+        return sorted(tuple(r) for r in rows)
+
+
+def _full(steps: int, groups: int = 2, rollouts: int = 8) -> list[tuple[int, int, int]]:
+    return [(s, g, r) for s in range(1, steps + 1) for g in range(groups) for r in range(rollouts)]
+
+
+@pytest.fixture
+def worker_home(tmp_path: Path) -> dict[str, str]:
+    return {"TRAINYARD_PIPELINE": REAL, "TRAINYARD_HOME": str(tmp_path / "home")}
+
+
+async def test_run_trains_to_completion_learns_and_keeps_everything(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)
+    run = (await client.post("/runs", json=letters_run(tiny_model), headers=tenant.headers)).json()
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=240
+    )
+    assert done.status == "completed", done.error
+    assert done.step == 60
+
+    # Every step: its 16 trajectories with rewards, its metrics, its event.
+    assert await _trajectory_keys(sessionmaker, run["id"]) == _full(60)
+    assert await _count(sessionmaker, Trajectory, run["id"], Trajectory.reward.is_(None)) == 0
+    async with sessionmaker() as s:
+        rewards = (
+            await s.execute(
+                select(MetricPoint.step, MetricPoint.value)
+                .where(
+                    MetricPoint.run_id == uuid.UUID(run["id"]), MetricPoint.name == "reward_mean"
+                )
+                .order_by(MetricPoint.step)
+            )
+        ).all()
+        names = set(
+            (
+                await s.execute(
+                    select(MetricPoint.name).where(MetricPoint.run_id == uuid.UUID(run["id"]))
+                )
+            ).scalars()
+        )
+        steps = (
+            (
+                await s.execute(
+                    select(RunEvent.data["step"].as_integer()).where(
+                        RunEvent.run_id == uuid.UUID(run["id"]), RunEvent.type == "step"
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+        ckpts = (
+            (await s.execute(select(Checkpoint).where(Checkpoint.run_id == uuid.UUID(run["id"]))))
+            .scalars()
+            .all()
+        )
+    assert [step for step, _ in rewards] == list(range(1, 61))
+    assert {
+        "loss",
+        "reward_std",
+        "reward_min",
+        "reward_max",
+        "step_seconds",
+        "tokens_per_second",
+        "entropy",
+        "completions/mean_length",
+        "groups_dropped",
+    } <= names
+    assert sorted(steps) == list(range(1, 61))
+    values = [v for _, v in rewards]
+    assert statistics.fmean(values[-10:]) - statistics.fmean(values[:10]) >= 0.3, values
+
+    # Checkpoints every 20 steps plus the final model, all on disk.
+    assert sorted((c.step, c.is_final) for c in ckpts) == [
+        (20, False),
+        (40, False),
+        (60, False),
+        (60, True),
+    ]
+    final = next(c for c in ckpts if c.is_final)
+    assert (Path(final.path) / "model.safetensors").is_file()
+    assert Path(final.path).name == "tiny-letters"
+    assert all(Path(c.path, "optimizer.pt").is_file() for c in ckpts if not c.is_final)
+
+    # The summary says what a user wants to know first.
+    r = await client.get(f"/runs/{run['id']}", headers=tenant.headers)
+    metrics = r.json()["metrics"]
+    assert metrics["step"] == 60 and metrics["total_trajectories"] == 960
+    assert metrics["avg_reward"] > metrics["reward_first"]
+    page = (
+        await client.get(
+            f"/runs/{run['id']}/trajectories",
+            params={"step": 60, "limit": 2},
+            headers=tenant.headers,
+        )
+    ).json()
+    message = page["data"][0]["messages"]
+    assert [m["role"] for m in message] == ["user", "assistant"]
+    assert (
+        page["data"][0]["reward_breakdown"]["functions"]["char_fraction"]
+        == page["data"][0]["reward"]
+    )
+
+
+async def test_lora_run_saves_an_adapter(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)
+    body = letters_run(
+        tiny_model, max_steps=6, grpo={"lora": {"r": 8, "alpha": 16}, "save_steps": 100}
+    )
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=180
+    )
+    assert done.status == "completed", done.error
+    async with sessionmaker() as s:
+        final = (
+            await s.execute(
+                select(Checkpoint).where(
+                    Checkpoint.run_id == uuid.UUID(run["id"]), Checkpoint.is_final
+                )
+            )
+        ).scalar_one()
+    assert (Path(final.path) / "adapter_config.json").is_file()
+    assert (Path(final.path) / "adapter_model.safetensors").is_file()
+    assert not (Path(final.path) / "model.safetensors").exists()
+
+
+async def test_worker_killed_in_training_is_replaced_and_resumes_from_its_checkpoint(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    first = start_worker(**worker_home)
+    body = letters_run(tiny_model, max_steps=30, grpo={"save_steps": 10})
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    await wait_for(
+        sessionmaker, run["id"], lambda r: r.status == "training" and 13 <= r.step < 20, within=180
+    )
+    first.kill()  # SIGKILL while training; the checkpoint at step 10 is the last complete one
+    start_worker(**worker_home)
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=240
+    )
+    assert done.status == "completed", done.error
+    assert done.attempt == 2
+    assert await _trajectory_keys(sessionmaker, run["id"]) == _full(30)
+    async with sessionmaker() as s:
+        resumed = (
+            (
+                await s.execute(
+                    select(RunEvent).where(
+                        RunEvent.run_id == uuid.UUID(run["id"]), RunEvent.type == "resume"
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+        steps = (
+            (
+                await s.execute(
+                    select(MetricPoint.step).where(
+                        MetricPoint.run_id == uuid.UUID(run["id"]),
+                        MetricPoint.name == "reward_mean",
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert len(resumed) == 1 and "step 10" in resumed[0].message
+    assert sorted(steps) == list(range(1, 31))
+
+
+async def test_cancel_during_collecting_ends_within_a_heartbeat(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)
+    body = letters_run(tiny_model, max_steps=2000, grpo={"save_steps": 10_000})
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    await wait_for(
+        sessionmaker, run["id"], lambda r: r.status == "collecting" and r.step >= 2, within=180
+    )
+    asked = time.monotonic()
+    r = await client.post(f"/runs/{run['id']}/cancel", headers=tenant.headers)
+    assert r.status_code == 200
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "cancelled", within=20)
+    # Heartbeat 0.25 s; a tiny-model step takes ~0.1 s.
+    assert time.monotonic() - asked < 2.0
+    assert done.step < 2000
+
+
+async def test_unusable_model_fails_at_once_saying_why(
+    client, tenant, sessionmaker, start_worker, tmp_path, worker_home
+) -> None:
+    start_worker(**worker_home)
+    body = letters_run(tmp_path / "no-such-model")
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", within=60)
+    assert "no-such-model" in (done.error or "") and "cannot be loaded" in (done.error or "")
+    assert done.step == 0
+    assert (await _run(sessionmaker, run["id"])).completed_at is not None

@@ -1,0 +1,69 @@
+"""The step plan: which inputs each GRPO step trains on.
+
+Train inputs are shuffled once per epoch with a seed derived from the run's seed and the
+epoch, then taken ``groups_per_step`` at a time (the reference's TrainingInputBatch: step,
+epoch, epoch_step, items). The plan is a pure function of the inputs and the settings, so
+a resumed run continues at exactly the input it would have reached.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class PlannedInput:
+    id: str
+    index: int
+    input_text: str
+    context: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class InputBatch:
+    step: int
+    epoch: int
+    epoch_step: int
+    items: tuple[PlannedInput, ...]
+
+
+def steps_per_epoch(n_train: int, groups_per_step: int) -> int:
+    return math.ceil(n_train / groups_per_step) if n_train else 0
+
+
+def total_steps(n_train: int, groups_per_step: int, num_epochs: int, max_steps: int | None) -> int:
+    planned = steps_per_epoch(n_train, groups_per_step) * num_epochs
+    return min(planned, max_steps) if max_steps else planned
+
+
+def build_plan(
+    inputs: list[PlannedInput],
+    *,
+    groups_per_step: int,
+    num_epochs: int,
+    max_steps: int | None,
+    seed: int,
+) -> list[InputBatch]:
+    """Every step's batch. The last batch of an epoch is topped up from the start of the
+    same epoch's order, so every step has exactly ``groups_per_step`` groups."""
+    ordered = sorted(inputs, key=lambda i: i.index)
+    if not ordered:
+        return []
+    per_epoch = steps_per_epoch(len(ordered), groups_per_step)
+    n_steps = total_steps(len(ordered), groups_per_step, num_epochs, max_steps)
+    plan: list[InputBatch] = []
+    epoch = 0
+    while len(plan) < n_steps:
+        order = ordered[:]
+        random.Random(f"{seed}:{epoch}").shuffle(order)
+        padded = order + order[: per_epoch * groups_per_step - len(order)]
+        for epoch_step in range(per_epoch):
+            if len(plan) == n_steps:
+                break
+            items = tuple(padded[epoch_step * groups_per_step : (epoch_step + 1) * groups_per_step])
+            plan.append(InputBatch(len(plan), epoch, epoch_step, items))
+        epoch += 1
+    return plan

@@ -1,0 +1,461 @@
+"""GRPO training with TRL: TRL's ``GRPOTrainer`` does every update; Trainyard hooks in
+through TRL's extension points only, so the run's status is true to what happens:
+
+- ``collecting``: set when a step begins; TRL generates the rollouts;
+- the reward function is Trainyard's :class:`StepBridge`: it stores every rollout and moves
+  the run to ``scoring`` in one transaction, scores the groups, stores the rewards and moves
+  the run to ``training`` in another, then hands TRL the rewards;
+- ``training``: TRL computes the loss and steps the optimizer; :class:`RunCallback` stores
+  the step's metrics, promotes checkpoints (staging folder → rename → record) and honours
+  cancel and pause requests.
+
+Runs in a worker thread; database work is handed to the runtime's event loop, fenced on
+the run's lease. Step numbers start at 1 (the checkpoint after step N is checkpoint-N).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import statistics
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from app.checkpoints import service as checkpoints
+from app.events import service as events
+from app.metrics import service as metrics
+from app.runs.models import Run
+from app.runs.state import transition
+from app.runs.status import RunStatus
+from app.trajectories import service as trajectories
+from workers.context import RunContext, StopRequested
+from workers.pipeline.plan import InputBatch
+from workers.rewards import Group, Rollout, Scorer
+
+log = logging.getLogger(__name__)
+S = RunStatus
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+def check_model(model_name: str) -> None:
+    """Fail before any step if the model or its tokenizer cannot be loaded here."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    where = "folder" if os.path.isdir(model_name) else "hub id"
+    try:
+        AutoConfig.from_pretrained(model_name)
+        tokenizer = AutoTokenizer.from_pretrained(model_name)
+    except Exception as exc:
+        raise ModelUnavailable(
+            f"model_name {model_name!r} ({where}) cannot be loaded on this worker: "
+            f"{type(exc).__name__}: {str(exc)[:500]}"
+        ) from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelUnavailable(f"the tokenizer of {model_name!r} has no chat template")
+
+
+def prompt_messages(system_prompt: str | None, input_text: str) -> list[dict[str, str]]:
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*messages, {"role": "user", "content": input_text}]
+
+
+@dataclass
+class RunPaths:
+    root: Path
+
+    @property
+    def staging(self) -> Path:
+        """TRL's output_dir: checkpoints appear here first, possibly half-written."""
+        return self.root / "staging"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def final(self, name: str) -> Path:
+        safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "model"
+        return self.root / "final" / safe
+
+
+@dataclass
+class StepStats:
+    rewards: list[float] = field(default_factory=list)
+    dropped_groups: int = 0
+    completion_tokens: int = 0
+    started: float = 0.0
+
+
+class StepBridge:
+    """TRL's reward function: persists, scores and moves the run through its statuses."""
+
+    __name__ = "trainyard"  # TRL names reward functions in its logs
+
+    def __init__(self, ctx: RunContext, run: Run, scorer: Scorer, engine: str) -> None:
+        self.ctx = ctx
+        self.run = run
+        self.scorer = scorer
+        self.engine = engine
+        self.group_size = run.rollouts_per_group
+        self.trainer: Any = None
+        self.stats = StepStats()
+
+    def db(self, coro: Any) -> Any:
+        return self.ctx.runtime.run(coro)
+
+    def __call__(
+        self,
+        prompts: list[list[dict[str, str]]],
+        completions: list[Any],
+        completion_ids: list[list[int]],
+        input_id: list[str],
+        context: list[str],
+        trainer_state: Any,
+        **_: Any,
+    ) -> list[float | None]:
+        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        g = self.group_size
+        if len(texts) % g:
+            raise RuntimeError(f"{len(texts)} completions do not split into groups of {g}")
+        groups = []
+        for gi in range(len(texts) // g):
+            part = slice(gi * g, (gi + 1) * g)
+            if len(set(input_id[part])) != 1:
+                raise RuntimeError("a group mixes inputs: TRL's sampler order is not the plan's")
+            first = gi * g
+            groups.append(
+                Group(
+                    index=gi,
+                    input_text=prompts[first][-1]["content"],
+                    context=json.loads(context[first]),
+                    rollouts=[Rollout(prompts[i], texts[i]) for i in range(first, first + g)],
+                )
+            )
+        if self.trainer is not None and not self.trainer.model.training:
+            # Evaluation: score only; nothing is stored as training data.
+            return [s.reward for row in self.scorer.score(groups) for s in row]
+
+        step = trainer_state.global_step + 1
+        self.ctx.check(pause_ok=False)
+        rollouts = [
+            {
+                "group_index": i // g,
+                "rollout_index": i % g,
+                "task_input_id": uuid.UUID(input_id[i]),
+                "messages": [*prompts[i], {"role": "assistant", "content": texts[i]}],
+                "metadata": {"engine": self.engine, "completion_tokens": len(completion_ids[i])},
+            }
+            for i in range(len(texts))
+        ]
+        self.db(self._store_rollouts(step, rollouts))
+
+        scores = self.scorer.score(groups)
+        rewards = [s.reward for row in scores for s in row]
+        self.stats.rewards = [r for r in rewards if r is not None]
+        self.stats.dropped_groups = sum(1 for row in scores if all(s.reward is None for s in row))
+        self.stats.completion_tokens = sum(len(ids) for ids in completion_ids)
+        rows = [
+            {"group_index": gi, "rollout_index": ri, "reward": s.reward, "breakdown": s.breakdown}
+            for gi, row in enumerate(scores)
+            for ri, s in enumerate(row)
+        ]
+        self.db(self._store_rewards(step, rows))
+        self.ctx.check(pause_ok=False)
+        return rewards
+
+    async def _store_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
+        async with self.ctx.session() as session:
+            await trajectories.upsert_rollouts(session, self.ctx.run_id, step, rollouts)
+            await transition(
+                session,
+                self.ctx.run_id,
+                S.SCORING,
+                expected=S.COLLECTING,
+                fence=self.ctx.fence,
+                message=f"step {step}: {len(rollouts)} rollouts stored; scoring",
+            )
+
+    async def _store_rewards(self, step: int, rows: list[dict[str, Any]]) -> None:
+        async with self.ctx.session() as session:
+            await trajectories.set_rewards(session, self.ctx.run_id, step, rows)
+            await transition(
+                session,
+                self.ctx.run_id,
+                S.TRAINING,
+                expected=S.SCORING,
+                fence=self.ctx.fence,
+                message=f"step {step}: rewards stored; training",
+            )
+
+
+def make_callback(
+    ctx: RunContext, run: Run, bridge: StepBridge, paths: RunPaths, plan: list[InputBatch]
+) -> Any:
+    from transformers import TrainerCallback
+
+    grpo = run.grpo
+    keep = grpo.get("save_total_limit")
+
+    class RunCallback(TrainerCallback):  # type: ignore[misc]
+        """Statuses at step boundaries, per-step metrics, checkpoints, stop requests."""
+
+        def __init__(self) -> None:
+            self.pausing = False
+            self.logged: set[int] = set()
+            self.first_reward: float | None = (
+                run.metrics.get("reward_first") if run.metrics else None
+            )
+
+        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            ctx.check()
+            bridge.stats = StepStats(started=time.monotonic())
+            bridge.db(self._begin_step(state.global_step + 1))
+
+        async def _begin_step(self, step: int) -> None:
+            async with ctx.session() as session:
+                current = RunStatus(
+                    (await session.get(Run, ctx.run_id, populate_existing=True)).status
+                )  # type: ignore[union-attr]
+                if current != S.COLLECTING:
+                    await transition(
+                        session,
+                        ctx.run_id,
+                        S.COLLECTING,
+                        fence=ctx.fence,
+                        message=f"step {step}: collecting rollouts",
+                        data={"step": step},
+                    )
+
+        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            if ctx.stop == S.PAUSED and state.global_step < state.max_steps:
+                # Pause at this step boundary: checkpoint first, then stop in on_save.
+                self.pausing = True
+                control.should_save = True
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+            step = state.global_step
+            if not logs or "loss" not in logs or step in self.logged or step == 0:
+                return
+            self.logged.add(step)
+            stats = bridge.stats
+            seconds = max(time.monotonic() - stats.started, 1e-9)
+            values: dict[str, float] = {
+                name: float(value)
+                for name, value in logs.items()
+                if isinstance(value, int | float) and name != "epoch"
+            }
+            if stats.rewards:
+                values.update(
+                    reward_mean=statistics.fmean(stats.rewards),
+                    reward_std=statistics.pstdev(stats.rewards),
+                    reward_min=min(stats.rewards),
+                    reward_max=max(stats.rewards),
+                )
+            values.update(
+                groups_dropped=float(stats.dropped_groups),
+                step_seconds=seconds,
+                tokens_per_second=stats.completion_tokens / seconds,
+            )
+            if self.first_reward is None and "reward_mean" in values:
+                self.first_reward = values["reward_mean"]
+            batch = plan[step - 1]
+            summary = {
+                "step": step,
+                "epoch": batch.epoch,
+                "total_trajectories": step * len(batch.items) * run.rollouts_per_group,
+                "avg_reward": values.get("reward_mean"),
+                "min_reward": values.get("reward_min"),
+                "max_reward": values.get("reward_max"),
+                "training_loss": values.get("loss"),
+                "reward_first": self.first_reward,
+            }
+            bridge.db(self._finish_step(step, batch.epoch, values, summary))
+
+        async def _finish_step(
+            self, step: int, epoch: int, values: dict[str, float], summary: dict[str, Any]
+        ) -> None:
+            from sqlalchemy import update
+
+            async with ctx.session() as session:
+                await metrics.record(session, ctx.run_id, step, values)
+                await session.execute(
+                    update(Run)
+                    .where(Run.id == ctx.run_id)  # type: ignore[arg-type]
+                    .values(step=step, epoch=epoch, metrics=summary, version=Run.version + 1)
+                )
+                reward = values.get("reward_mean")
+                await events.append(
+                    session,
+                    ctx.run_id,
+                    "step",
+                    f"step {step}/{len(plan)} done"
+                    + (f": reward {reward:.3f}" if reward is not None else ""),
+                    data={"step": step, "reward_mean": reward, "loss": values.get("loss")},
+                )
+
+        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+            step = state.global_step
+            staged = paths.staging / f"checkpoint-{step}"
+            if not staged.is_dir():
+                return
+            target = paths.checkpoints / f"checkpoint-{step}"
+            paths.checkpoints.mkdir(parents=True, exist_ok=True)
+            if target.exists():  # left by an attempt that died before recording it
+                shutil.rmtree(target)
+            os.rename(staged, target)
+            doomed = bridge.db(self._record_checkpoint(step, target))
+            for folder in doomed:
+                shutil.rmtree(folder, ignore_errors=True)
+            if self.pausing:
+                raise StopRequested(S.PAUSED)
+
+        async def _record_checkpoint(self, step: int, target: Path) -> list[str]:
+            async with ctx.session() as session:
+                await checkpoints.record(
+                    session,
+                    ctx.run_id,
+                    step,
+                    str(target),
+                    metrics=(await session.get(Run, ctx.run_id, populate_existing=True)).metrics
+                    or {},  # type: ignore[union-attr]
+                )
+                await events.append(
+                    session,
+                    ctx.run_id,
+                    "checkpoint",
+                    f"checkpoint at step {step}",
+                    data={"step": step, "path": str(target)},
+                )
+                return await checkpoints.prune(session, ctx.run_id, keep=keep) if keep else []
+
+    return RunCallback()
+
+
+def grpo_config(run: Run, paths: RunPaths, n_steps: int) -> Any:
+    """The run's settings mapped onto TRL's GRPOConfig."""
+    import torch
+    from trl import GRPOConfig
+
+    grpo = run.grpo
+    g = run.rollouts_per_group
+    per_step = grpo["groups_per_step"] * g
+    accumulation = grpo.get("gradient_accumulation_steps", 1)
+    cuda = torch.cuda.is_available()
+    engine = grpo.get("engine", "transformers")
+    kwargs: dict[str, Any] = {}
+    if engine == "vllm-colocate":
+        kwargs.update(
+            use_vllm=True,
+            vllm_mode="colocate",
+            vllm_gpu_memory_utilization=grpo["vllm_gpu_memory_utilization"],
+            vllm_max_model_length=grpo.get("vllm_max_model_len"),
+        )
+    elif engine == "vllm-server":
+        kwargs.update(
+            use_vllm=True, vllm_mode="server", vllm_server_base_url=grpo["vllm_server_url"]
+        )
+    return GRPOConfig(
+        output_dir=str(paths.staging),
+        learning_rate=run.learning_rate,
+        max_steps=n_steps,
+        num_train_epochs=1,
+        num_generations=g,
+        # One generation of groups_per_step groups per optimizer step, split into
+        # micro-batches when gradients are accumulated.
+        per_device_train_batch_size=per_step // accumulation,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+        shuffle_dataset=False,  # the dataset is already in the plan's order
+        seed=grpo["seed"],
+        beta=grpo["beta"],
+        loss_type=grpo["loss_type"],
+        scale_rewards=grpo["scale_rewards"],
+        temperature=grpo["temperature"],
+        top_p=grpo["top_p"],
+        top_k=grpo.get("top_k") or 0,
+        min_p=grpo.get("min_p"),
+        repetition_penalty=grpo["repetition_penalty"],
+        max_completion_length=grpo["max_completion_length"],
+        warmup_steps=grpo["warmup_ratio"],  # a float below 1 is a ratio in transformers 5
+        weight_decay=grpo["weight_decay"],
+        max_grad_norm=grpo["max_grad_norm"],
+        gradient_checkpointing=grpo["gradient_checkpointing"],
+        bf16=grpo["bf16"] and cuda,
+        fp16=grpo["fp16"] and cuda,
+        use_cpu=not cuda,
+        logging_steps=1,
+        save_strategy="steps",
+        save_steps=grpo["save_steps"],
+        save_total_limit=None,  # Trainyard prunes its own checkpoint folder
+        report_to=[],
+        disable_tqdm=True,
+        **kwargs,
+    )
+
+
+def train(
+    ctx: RunContext,
+    run: Run,
+    plan: list[InputBatch],
+    scorer: Scorer,
+    paths: RunPaths,
+    resume_from: Path | None,
+) -> Path:
+    """Run TRL's GRPO over the plan (blocking); returns the final model's folder."""
+    os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    grpo = run.grpo
+    shutil.rmtree(paths.staging, ignore_errors=True)  # half-written checkpoints of a crash
+    dataset = Dataset.from_list(
+        [
+            {
+                "prompt": prompt_messages(run.system_prompt, item.input_text),
+                "input_id": item.id,
+                "context": json.dumps(item.context),
+            }
+            for batch in plan
+            for item in batch.items
+        ]
+    )
+    peft_config = None
+    if grpo.get("lora"):
+        from peft import LoraConfig
+
+        lora = grpo["lora"]
+        peft_config = LoraConfig(
+            r=lora["r"],
+            lora_alpha=lora["alpha"],
+            lora_dropout=lora["dropout"],
+            target_modules=lora["target_modules"],
+            task_type="CAUSAL_LM",
+        )
+    bridge = StepBridge(ctx, run, scorer, engine=grpo.get("engine", "transformers"))
+    trainer = GRPOTrainer(
+        model=run.model_name,
+        reward_funcs=bridge,
+        args=grpo_config(run, paths, len(plan)),
+        train_dataset=dataset,
+        peft_config=peft_config,
+        callbacks=[make_callback(ctx, run, bridge, paths, plan)],
+    )
+    bridge.trainer = trainer
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+
+    final = paths.final(run.trained_model_name or f"run-{run.id}")
+    staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    trainer.save_model(str(staging))
+    if final.exists():
+        shutil.rmtree(final)
+    os.rename(staging, final)
+    shutil.rmtree(paths.staging, ignore_errors=True)
+    return final
