@@ -46,7 +46,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             engine.execution_options(isolation_level="AUTOCOMMIT")
         )
         app.state.key_cache = KeyCache()
-        app.state.celery = make_celery(redis_url(settings))
+        app.state.celery = make_celery(redis_url(settings), settings.broker_prefix)
         # Everything built so far lives as long as the process: keep it out of the garbage
         # collector's full passes, which otherwise show up as latency spikes.
         gc.collect()

@@ -65,8 +65,9 @@ def service_urls() -> Iterator[tuple[str, str]]:
     os.environ["TRAINYARD_DATABASE_URL"] = db_url
     os.environ["TRAINYARD_REDIS_URL"] = broker
     os.environ.setdefault("TRAINYARD_HOME", str(home))
+    # Queues of their own, so test sessions sharing one Redis never take each other's tasks.
+    os.environ["TRAINYARD_BROKER_PREFIX"] = f"{name}:"
     get_settings.cache_clear()
-    redis.Redis.from_url(broker.replace("redis+socket://", "unix://")).flushdb()
 
     from app.cli import _upgrade
 
@@ -75,6 +76,9 @@ def service_urls() -> Iterator[tuple[str, str]]:
         yield db_url, broker
     finally:
         asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        client = redis.Redis.from_url(broker.replace("redis+socket://", "unix://"))
+        for key in client.scan_iter(f"{name}:*"):
+            client.delete(key)
 
 
 @pytest.fixture(scope="session")

@@ -23,7 +23,7 @@ TASK_ROUTES = {
 }
 
 
-def make_celery(broker_url: str) -> Celery:
+def make_celery(broker_url: str, prefix: str = "") -> Celery:
     app = Celery("trainyard", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_queues=[Queue(name) for name in QUEUES],
@@ -43,6 +43,7 @@ def make_celery(broker_url: str) -> Celery:
             "visibility_timeout": 3600,
             "socket_connect_timeout": 2,
             "socket_timeout": 5,
+            **({"global_keyprefix": prefix} if prefix else {}),
         },
         # Publishing must fail fast when Redis is down: the reconciler will publish later.
         task_publish_retry=True,
@@ -57,4 +58,5 @@ def make_celery(broker_url: str) -> Celery:
 
 @lru_cache
 def get_celery() -> Celery:
-    return make_celery(redis_url(get_settings()))
+    settings = get_settings()
+    return make_celery(redis_url(settings), settings.broker_prefix)

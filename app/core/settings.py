@@ -24,6 +24,12 @@ class Settings(BaseSettings):
         default=None,
         description="Celery broker URL. Unset: embedded Redis under <home>/redis.",
     )
+    broker_prefix: str = Field(
+        default="",
+        max_length=100,
+        description="Prefix for every Redis key Celery uses, so several Trainyard "
+        "installations (or test sessions) can share one Redis.",
+    )
     home: Path = Field(
         default=Path(".trainyard"),
         description="Folder for embedded services and local artefacts (checkpoints).",

@@ -82,6 +82,8 @@ async def idle_system(sessionmaker: Any, service_urls: tuple[str, str]) -> None:
     import redis
     from sqlalchemy import update
 
+    from app.core.settings import get_settings
+
     from app.runs.models import Run
     from app.runs.status import TERMINAL
 
@@ -92,4 +94,7 @@ async def idle_system(sessionmaker: Any, service_urls: tuple[str, str]) -> None:
             .values(status="cancelled", lease_owner=None, lease_expires_at=None)
         )
         await s.commit()
-    redis.Redis.from_url(service_urls[1].replace("redis+socket://", "unix://")).flushdb()
+    client = redis.Redis.from_url(service_urls[1].replace("redis+socket://", "unix://"))
+    prefix = get_settings().broker_prefix
+    for key in client.scan_iter(f"{prefix}*"):
+        client.delete(key)

@@ -149,6 +149,7 @@ async def test_pause_at_a_step_boundary_then_resume_completes(
 async def test_duplicate_delivery_is_refused_by_the_lease(
     client, tenant, sessionmaker, start_worker, service_urls
 ) -> None:
+    from app.core.settings import get_settings
     from app.runs.dispatch import Dispatcher
     from workers.celery_app import make_celery
 
@@ -157,7 +158,8 @@ async def test_duplicate_delivery_is_refused_by_the_lease(
     run = (await client.post("/runs", json=_body(tick=0.3), headers=tenant.headers)).json()
     await wait_for(sessionmaker, run["id"], lambda r: r.status == "collecting")
     # Deliver the same task twice more while the first worker holds the run.
-    assert Dispatcher(make_celery(service_urls[1])).publish([uuid.UUID(run["id"])] * 2) == 2
+    celery = make_celery(service_urls[1], get_settings().broker_prefix)
+    assert Dispatcher(celery).publish([uuid.UUID(run["id"])] * 2) == 2
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed")
     assert done.attempt == 1
     claims = [e for e in await _events(sessionmaker, run["id"]) if e.type == "lease"]
