@@ -83,7 +83,6 @@ async def idle_system(sessionmaker: Any, service_urls: tuple[str, str]) -> None:
     from sqlalchemy import update
 
     from app.core.settings import get_settings
-
     from app.runs.models import Run
     from app.runs.status import TERMINAL
 
