@@ -4,9 +4,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: help install up test test-fast lint format bench-api clean
+.PHONY: help install demo up test lint format bench-api clean
 
 help:
+	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
 	@echo "make up        - embedded PostgreSQL + Redis, API on :8000 and a worker (Ctrl-C stops)"
 	@echo "make test      - build .venv and run the test suite"
 	@echo "make lint      - ruff + mypy"
@@ -20,6 +21,9 @@ $(STAMP): pyproject.toml
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
+
+demo: install
+	$(BIN)/trainyard demo
 
 up: install
 	$(BIN)/trainyard up

@@ -105,6 +105,9 @@ def worker(
     settings = get_settings()
     os.environ["TRAINYARD_DATABASE_URL"] = database_url(settings)
     os.environ["TRAINYARD_REDIS_URL"] = redis_url(settings)
+    # Progress bars of model downloads and shard writes only clutter a worker's log.
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from workers.celery_app import get_celery
 
     get_celery().worker_main(
@@ -193,6 +196,21 @@ def up(
         err.print("stopping…")
     finally:
         shutdown()
+
+
+@app.command()
+def demo(
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    preset: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path(
+        "configs/runs/letters.yaml"
+    ),
+    overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
+) -> None:
+    """Everything end to end: services, API, worker, the tiny model, a real training run
+    created over HTTP and followed to the end."""
+    from app.demo import run_demo
+
+    raise typer.Exit(run_demo(port, preset, overrides or []))
 
 
 @app.command("tiny-model")
