@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+import app.models  # noqa: F401  (every table registered before the first query)
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.services import database_url
 from app.core.settings import Settings, get_settings

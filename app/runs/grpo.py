@@ -62,10 +62,23 @@ class GrpoSettings(BaseModel):
     # Checkpoints and evaluation (metrics are stored for every step)
     save_steps: int = Field(default=500, ge=1)
     save_total_limit: int | None = Field(default=3, ge=1)
-    eval_steps: int = Field(default=500, ge=1)
-    validation_fraction: float = Field(default=0.1, ge=0, lt=1)
-    load_best_model_at_end: bool = True
-    metric_for_best_model: str = Field(default="eval_reward", max_length=100)
+    eval_steps: int = Field(
+        default=500, ge=1, description="Evaluate on the validation inputs every N steps."
+    )
+    validation_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        lt=1,
+        description="Share of the inputs held out for evaluation (seeded) when none are "
+        "marked split='validation'.",
+    )
+    load_best_model_at_end: bool = Field(
+        default=True,
+        description="The final model is the best evaluated checkpoint, not the last step.",
+    )
+    metric_for_best_model: str = Field(
+        default="eval_reward", pattern=r"^[A-Za-z0-9_/.-]+$", max_length=100
+    )
     greater_is_better: bool = True
     # Inference engine for rollouts
     engine: Literal["transformers", "vllm-colocate", "vllm-server"] = "transformers"
@@ -80,4 +93,14 @@ class GrpoSettings(BaseModel):
             raise ValueError("bf16 and fp16 are exclusive: choose one")
         if self.engine == "vllm-server" and not self.vllm_server_url:
             raise ValueError("engine 'vllm-server' needs vllm_server_url")
+        if self.load_best_model_at_end and self.save_steps % self.eval_steps:
+            raise ValueError(
+                "save_steps must be a multiple of eval_steps when load_best_model_at_end is "
+                "set (the best model is chosen among evaluated checkpoints)"
+            )
+        if self.groups_per_step % self.gradient_accumulation_steps:
+            raise ValueError(
+                "groups_per_step must be a multiple of gradient_accumulation_steps (each "
+                "micro-batch holds whole groups)"
+            )
         return self

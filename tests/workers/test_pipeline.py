@@ -284,3 +284,52 @@ async def test_unusable_model_fails_at_once_saying_why(
     assert "no-such-model" in (done.error or "") and "cannot be loaded" in (done.error or "")
     assert done.step == 0
     assert (await _run(sessionmaker, run["id"])).completed_at is not None
+
+
+async def test_evaluation_tracks_the_base_model_and_keeps_the_best_checkpoint(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)
+    inputs = [{"input_text": t} for t in ["Say something.", "Sing.", "Shout.", "Write a word."]]
+    inputs += [{"input_text": t, "split": "validation"} for t in ["Whisper.", "Hum."]]
+    body = letters_run(
+        tiny_model, max_steps=20, inputs=inputs, grpo={"save_steps": 10, "eval_steps": 10}
+    )
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=240
+    )
+    assert done.status == "completed", done.error
+    async with sessionmaker() as s:
+        evals = (
+            await s.execute(
+                select(MetricPoint.step, MetricPoint.value)
+                .where(
+                    MetricPoint.run_id == uuid.UUID(run["id"]), MetricPoint.name == "eval_reward"
+                )
+                .order_by(MetricPoint.step)
+            )
+        ).all()
+        final = (
+            await s.execute(
+                select(Checkpoint).where(
+                    Checkpoint.run_id == uuid.UUID(run["id"]), Checkpoint.is_final
+                )
+            )
+        ).scalar_one()
+    assert [step for step, _ in evals] == [0, 10, 20]
+    summary = done.metrics or {}
+    base, last = evals[0][1], evals[-1][1]
+    assert summary["eval_reward_base"] == pytest.approx(base)
+    assert summary["eval_improvement"] == pytest.approx(last - base)
+    assert summary["eval_reward_best"] == pytest.approx(max(v for _, v in evals[1:] + evals[:1]))
+    assert summary["eval_best_step"] in {10, 20}
+    assert final.metrics["eval_best_step"] == summary["eval_best_step"]
+    # Validation inputs are never trained on.
+    assert await _count(sessionmaker, Trajectory, run["id"]) == 20 * 2 * 8
+    page = (
+        await client.get(
+            f"/runs/{run['id']}/inputs", params={"split": "validation"}, headers=tenant.headers
+        )
+    ).json()
+    assert {i["input_text"] for i in page["data"]} == {"Whisper.", "Hum."}

@@ -35,8 +35,14 @@ async def run_pipeline(ctx: RunContext) -> None:
         await ctx.move(S.GENERATING, expected=S.PENDING, message="preparing inputs")
         status = S.GENERATING
     if status == S.GENERATING:
-        n_train = await prepare_inputs(ctx)
-        await ctx.event("inputs", f"{n_train} training inputs ready", data={"train": n_train})
+        counts = await prepare_inputs(
+            ctx, validation_fraction=run.grpo["validation_fraction"], seed=run.grpo["seed"]
+        )
+        await ctx.event(
+            "inputs",
+            f"{counts['train']} training inputs, {counts['validation']} for evaluation",
+            data=counts,
+        )
 
     grpo = run.grpo
     plan = build_plan(
@@ -46,6 +52,7 @@ async def run_pipeline(ctx: RunContext) -> None:
         max_steps=run.max_steps,
         seed=grpo["seed"],
     )
+    validation = await load_inputs(ctx, "validation")
     paths = RunPaths(ctx.settings.artifacts / str(run.id))
     async with ctx.runtime.session() as session:
         latest = await checkpoints.latest(session, ctx.run_id)
@@ -58,7 +65,7 @@ async def run_pipeline(ctx: RunContext) -> None:
             data={"path": latest.path, "step": latest.step},
         )
 
-    final = await asyncio.to_thread(train, ctx, run, plan, scorer, paths, resume)
+    final = await asyncio.to_thread(train, ctx, run, plan, validation, scorer, paths, resume)
 
     run = await ctx.load()
     async with ctx.session() as session:

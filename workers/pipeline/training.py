@@ -35,7 +35,7 @@ from app.runs.state import transition
 from app.runs.status import RunStatus
 from app.trajectories import service as trajectories
 from workers.context import RunContext, StopRequested
-from workers.pipeline.plan import InputBatch
+from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.rewards import Group, Rollout, Scorer
 
 log = logging.getLogger(__name__)
@@ -210,9 +210,12 @@ def make_callback(
         def __init__(self) -> None:
             self.pausing = False
             self.logged: set[int] = set()
-            self.first_reward: float | None = (
-                run.metrics.get("reward_first") if run.metrics else None
-            )
+            previous = run.metrics or {}
+            self.first_reward: float | None = previous.get("reward_first")
+            # Evaluation on the validation inputs: base model (step 0), then every eval_steps.
+            self.evaluation: dict[str, Any] = {
+                k: previous[k] for k in previous if k.startswith("eval_")
+            }
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             ctx.check()
@@ -242,6 +245,9 @@ def make_callback(
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             step = state.global_step
+            if logs and "eval_reward" in logs:
+                self._evaluated(step, logs)
+                return
             if not logs or "loss" not in logs or step in self.logged or step == 0:
                 return
             self.logged.add(step)
@@ -276,6 +282,7 @@ def make_callback(
                 "max_reward": values.get("reward_max"),
                 "training_loss": values.get("loss"),
                 "reward_first": self.first_reward,
+                **self.evaluation,
             }
             bridge.db(self._finish_step(step, batch.epoch, values, summary))
 
@@ -301,6 +308,40 @@ def make_callback(
                     data={"step": step, "reward_mean": reward, "loss": values.get("loss")},
                 )
 
+        def _evaluated(self, step: int, logs: dict[str, Any]) -> None:
+            values = {
+                name: float(value)
+                for name, value in logs.items()
+                if name.startswith("eval_") and isinstance(value, int | float)
+            }
+            reward = values["eval_reward"]
+            base = self.evaluation.setdefault("eval_reward_base", reward)
+            best = self.evaluation.get("eval_reward_best")
+            if best is None or reward > best:
+                self.evaluation.update(eval_reward_best=reward, eval_best_step=step)
+            self.evaluation.update(
+                eval_reward=reward, eval_step=step, eval_improvement=reward - base
+            )
+            bridge.db(self._record_evaluation(step, values, reward, reward - base))
+
+        async def _record_evaluation(
+            self, step: int, values: dict[str, float], reward: float, gain: float
+        ) -> None:
+            async with ctx.session() as session:
+                await metrics.record(session, ctx.run_id, step, values)
+                row = await session.get(Run, ctx.run_id, populate_existing=True)
+                assert row is not None
+                row.metrics = {**(row.metrics or {}), **self.evaluation}
+                row.version += 1
+                label = "base model" if step == 0 else f"step {step}"
+                await events.append(
+                    session,
+                    ctx.run_id,
+                    "eval",
+                    f"evaluation of the {label}: reward {reward:.3f} ({gain:+.3f} vs base)",
+                    data={"step": step, "eval_reward": reward, "improvement": gain},
+                )
+
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             step = state.global_step
             staged = paths.staging / f"checkpoint-{step}"
@@ -311,13 +352,28 @@ def make_callback(
             if target.exists():  # left by an attempt that died before recording it
                 shutil.rmtree(target)
             os.rename(staged, target)
-            doomed = bridge.db(self._record_checkpoint(step, target))
+            # The trainer remembers where the best checkpoint is (for load_best_model_at_end,
+            # also inside the checkpoint's trainer_state.json, read back on resume): point
+            # both at the promoted folder.
+            if (
+                state.best_model_checkpoint
+                and Path(state.best_model_checkpoint).parent == paths.staging
+            ):
+                state.best_model_checkpoint = str(
+                    paths.checkpoints / Path(state.best_model_checkpoint).name
+                )
+            saved_state = target / "trainer_state.json"
+            if saved_state.is_file():
+                text = saved_state.read_text()
+                saved_state.write_text(text.replace(str(paths.staging), str(paths.checkpoints)))
+            best = state.best_global_step if state.best_model_checkpoint else None
+            doomed = bridge.db(self._record_checkpoint(step, target, best))
             for folder in doomed:
                 shutil.rmtree(folder, ignore_errors=True)
             if self.pausing:
                 raise StopRequested(S.PAUSED)
 
-        async def _record_checkpoint(self, step: int, target: Path) -> list[str]:
+        async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> list[str]:
             async with ctx.session() as session:
                 await checkpoints.record(
                     session,
@@ -334,12 +390,15 @@ def make_callback(
                     f"checkpoint at step {step}",
                     data={"step": step, "path": str(target)},
                 )
-                return await checkpoints.prune(session, ctx.run_id, keep=keep) if keep else []
+                if not keep:
+                    return []
+                protect = {best} if best else set()
+                return await checkpoints.prune(session, ctx.run_id, keep=keep, protect=protect)
 
     return RunCallback()
 
 
-def grpo_config(run: Run, paths: RunPaths, n_steps: int) -> Any:
+def grpo_config(run: Run, paths: RunPaths, n_steps: int, *, evaluate: bool) -> Any:
     """The run's settings mapped onto TRL's GRPOConfig."""
     import torch
     from trl import GRPOConfig
@@ -361,6 +420,15 @@ def grpo_config(run: Run, paths: RunPaths, n_steps: int) -> Any:
     elif engine == "vllm-server":
         kwargs.update(
             use_vllm=True, vllm_mode="server", vllm_server_base_url=grpo["vllm_server_url"]
+        )
+    if evaluate:
+        kwargs.update(
+            eval_strategy="steps",
+            eval_steps=grpo["eval_steps"],
+            per_device_eval_batch_size=per_step,
+            load_best_model_at_end=grpo["load_best_model_at_end"],
+            metric_for_best_model=grpo["metric_for_best_model"],
+            greater_is_better=grpo["greater_is_better"],
         )
     return GRPOConfig(
         output_dir=str(paths.staging),
@@ -401,10 +469,22 @@ def grpo_config(run: Run, paths: RunPaths, n_steps: int) -> Any:
     )
 
 
+def _rows(run: Run, items: list[PlannedInput]) -> list[dict[str, Any]]:
+    return [
+        {
+            "prompt": prompt_messages(run.system_prompt, item.input_text),
+            "input_id": item.id,
+            "context": json.dumps(item.context),
+        }
+        for item in items
+    ]
+
+
 def train(
     ctx: RunContext,
     run: Run,
     plan: list[InputBatch],
+    validation: list[PlannedInput],
     scorer: Scorer,
     paths: RunPaths,
     resume_from: Path | None,
@@ -416,17 +496,9 @@ def train(
 
     grpo = run.grpo
     shutil.rmtree(paths.staging, ignore_errors=True)  # half-written checkpoints of a crash
-    dataset = Dataset.from_list(
-        [
-            {
-                "prompt": prompt_messages(run.system_prompt, item.input_text),
-                "input_id": item.id,
-                "context": json.dumps(item.context),
-            }
-            for batch in plan
-            for item in batch.items
-        ]
-    )
+    dataset = Dataset.from_list(_rows(run, [item for batch in plan for item in batch.items]))
+    evaluate = bool(validation)
+    eval_dataset = Dataset.from_list(_rows(run, validation)) if evaluate else None
     peft_config = None
     if grpo.get("lora"):
         from peft import LoraConfig
@@ -443,12 +515,20 @@ def train(
     trainer = GRPOTrainer(
         model=run.model_name,
         reward_funcs=bridge,
-        args=grpo_config(run, paths, len(plan)),
+        args=grpo_config(run, paths, len(plan), evaluate=evaluate),
         train_dataset=dataset,
+        eval_dataset=eval_dataset,
         peft_config=peft_config,
         callbacks=[make_callback(ctx, run, bridge, paths, plan)],
     )
     bridge.trainer = trainer
+    # Trainyard records every step itself; the console printers would only flood worker logs.
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if evaluate and resume_from is None:
+        trainer.evaluate()  # the base model: what every later evaluation is compared with
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
 
     final = paths.final(run.trained_model_name or f"run-{run.id}")
