@@ -333,3 +333,45 @@ async def test_evaluation_tracks_the_base_model_and_keeps_the_best_checkpoint(
         )
     ).json()
     assert {i["input_text"] for i in page["data"]} == {"Whisper.", "Hum."}
+
+
+async def test_pause_checkpoints_at_the_step_boundary_and_resume_continues_there(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)
+    body = letters_run(tiny_model, max_steps=30, grpo={"save_steps": 1000})
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    await wait_for(sessionmaker, run["id"], lambda r: r.step >= 5, within=180)
+    r = await client.post(f"/runs/{run['id']}/pause", headers=tenant.headers)
+    assert r.status_code == 200
+    paused = await wait_for(sessionmaker, run["id"], lambda r: r.status == "paused", within=30)
+    assert paused.lease_owner is None and 5 <= paused.step < 30
+    async with sessionmaker() as s:
+        saved = (
+            (await s.execute(select(Checkpoint).where(Checkpoint.run_id == uuid.UUID(run["id"]))))
+            .scalars()
+            .all()
+        )
+    # No save_steps boundary was reached: the pause itself wrote the checkpoint.
+    assert [c.step for c in saved] == [paused.step]
+
+    r = await client.post(f"/runs/{run['id']}/resume", headers=tenant.headers)
+    assert r.json()["status"] == "pending"
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=180
+    )
+    assert done.status == "completed", done.error
+    assert await _trajectory_keys(sessionmaker, run["id"]) == _full(30)
+    async with sessionmaker() as s:
+        resumed = (
+            (
+                await s.execute(
+                    select(RunEvent.data["step"].as_integer()).where(
+                        RunEvent.run_id == uuid.UUID(run["id"]), RunEvent.type == "resume"
+                    )
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert resumed == [paused.step]
