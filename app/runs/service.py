@@ -111,63 +111,62 @@ async def _with_retries(session: AsyncSession, attempt: Callable[[], Awaitable[R
     raise AssertionError("unreachable")
 
 
-async def cancel_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
-    """Cancel now if no worker holds the run, else flag it for the holder's next heartbeat.
-
-    Idempotent: cancelling a cancelled (or cancelling) run returns it unchanged.
-    """
+async def _request_stop(
+    session: AsyncSession,
+    project_id: uuid.UUID,
+    run_id: uuid.UUID,
+    *,
+    target: RunStatus,
+    flag: str,
+    verb: str,
+    when: str,
+) -> Run:
+    """Stop now if no worker holds the run, else set ``flag`` for the holder to see at its
+    next heartbeat. Asking again is a no-op; asking a finished run is a 409."""
 
     async def attempt() -> Run:
         run = await get_run(session, project_id, run_id)
         await session.refresh(run)
         status = RunStatus(run.status)
-        if status == RunStatus.CANCELLED or (run.cancel_requested and status not in TERMINAL):
+        if status == target or (getattr(run, flag) and status not in TERMINAL):
             return run
         if status in TERMINAL:
             raise TransitionConflict(
-                run_id, f"A {status.value} run cannot be cancelled.", current=status
+                run_id, f"A {status.value} run cannot be {verb}.", current=status
             )
         if await lease_is_live(session, run_id):
             return await _flag(
-                session,
-                run,
-                column="cancel_requested",
-                event="cancel_requested",
-                message="cancel requested; the worker stops at its next heartbeat",
+                session, run, column=flag, event=flag, message=f"{flag.replace('_', ' ')}; {when}"
             )
-        return await transition(
-            session, run_id, RunStatus.CANCELLED, expected=status, message="cancelled by user"
-        )
+        return await transition(session, run_id, target, expected=status, message=f"{verb} by user")
 
     return await _with_retries(session, attempt)
+
+
+async def cancel_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    """Cancel: within one heartbeat if a worker holds the run, at once otherwise."""
+    return await _request_stop(
+        session,
+        project_id,
+        run_id,
+        target=RunStatus.CANCELLED,
+        flag="cancel_requested",
+        verb="cancelled",
+        when="the worker stops at its next heartbeat",
+    )
 
 
 async def pause_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
-    """Pause now if no worker holds the run, else ask the holder to stop at a safe point."""
-
-    async def attempt() -> Run:
-        run = await get_run(session, project_id, run_id)
-        await session.refresh(run)
-        status = RunStatus(run.status)
-        if status == RunStatus.PAUSED or (run.pause_requested and status not in TERMINAL):
-            return run
-        if status in TERMINAL:
-            raise TransitionConflict(
-                run_id, f"A {status.value} run cannot be paused.", current=status
-            )
-        if await lease_is_live(session, run_id):
-            return await _flag(
-                session,
-                run,
-                column="pause_requested",
-                event="pause_requested",
-                message="pause requested; the worker stops at the next step boundary",
-            )
-        return await transition(
-            session, run_id, RunStatus.PAUSED, expected=status, message="paused by user"
-        )
-
-    return await _with_retries(session, attempt)
+    """Pause: at the next step boundary (after a checkpoint) if a worker holds the run."""
+    return await _request_stop(
+        session,
+        project_id,
+        run_id,
+        target=RunStatus.PAUSED,
+        flag="pause_requested",
+        verb="paused",
+        when="the worker stops at the next step boundary",
+    )
 
 
 async def resume_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:

@@ -224,10 +224,9 @@ def make_callback(
 
         async def _begin_step(self, step: int) -> None:
             async with ctx.session() as session:
-                current = RunStatus(
-                    (await session.get(Run, ctx.run_id, populate_existing=True)).status
-                )  # type: ignore[union-attr]
-                if current != S.COLLECTING:
+                row = await session.get(Run, ctx.run_id, populate_existing=True)
+                assert row is not None
+                if RunStatus(row.status) != S.COLLECTING:
                     await transition(
                         session,
                         ctx.run_id,
