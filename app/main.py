@@ -17,6 +17,8 @@ from app.core.limits import BodySizeLimit
 from app.core.pg import create_pool
 from app.core.services import database_url, redis_url
 from app.core.settings import Settings, get_settings
+from app.datasets.router import router as datasets_router
+from app.datasets.upload import MULTIPART_ENVELOPE_BYTES
 from app.events.router import router as events_router
 from app.health import router as health_router
 from app.inputs.router import router as inputs_router
@@ -72,8 +74,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         checkpoints_router,
         inputs_router,
         trajectories_router,
+        datasets_router,
     ):
         app.include_router(router)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        # Uploads stream past the JSON limit; the route counts the file against its own.
+        routes={
+            ("POST", "/datasets"): max(
+                settings.max_body_bytes, settings.max_dataset_bytes + MULTIPART_ENVELOPE_BYTES
+            )
+        },
+    )
 
     return app

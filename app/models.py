@@ -5,6 +5,7 @@ from sqlmodel import SQLModel
 from app.auth.models import ApiKey, Project
 from app.checkpoints.models import Checkpoint
 from app.core.idempotency import IdempotencyKey
+from app.datasets.models import Dataset, DatasetRow
 from app.events.models import RunEvent
 from app.inputs.models import TaskInput
 from app.metrics.models import MetricPoint
@@ -16,6 +17,8 @@ metadata = SQLModel.metadata
 __all__ = [
     "ApiKey",
     "Checkpoint",
+    "Dataset",
+    "DatasetRow",
     "IdempotencyKey",
     "MetricPoint",
     "Project",

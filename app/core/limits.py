@@ -2,11 +2,16 @@
 
 A declared ``Content-Length`` over the limit is refused at once; a chunked body is counted
 as it streams and cut off at the limit. Either way the answer is a 413 problem.
+
+One limit covers every route (``max_body_bytes``) except the few that take uploads, which
+name their own, larger one by method and exact path (``POST /datasets``); such a route
+still checks what it reads against its own rules.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -14,22 +19,39 @@ from app.core.errors import PROBLEM_JSON
 
 
 class BodySizeLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        max_bytes: int,
+        routes: Mapping[tuple[str, str], int] | None = None,
+    ) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        # (method, path) → that route's limit, in place of max_bytes.
+        self.routes = dict(routes or {})
+
+    def limit_for(self, scope: Scope) -> int:
+        if not self.routes:
+            return self.max_bytes
+        path: str = scope.get("path", "")
+        root: str = scope.get("root_path", "")
+        if root and path.startswith(root):  # mounted under a prefix: match the app's own path
+            path = path[len(root) :]
+        return self.routes.get((scope.get("method", ""), path), self.max_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        max_bytes = self.limit_for(scope)
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
                     declared = int(value)
                 except ValueError:
                     declared = 0
-                if declared > self.max_bytes:
-                    await self._refuse(scope, send)
+                if declared > max_bytes:
+                    await self._refuse(scope, send, max_bytes)
                     return
         seen = 0
         started = False
@@ -42,12 +64,12 @@ class BodySizeLimit:
             message = await receive()
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
+                if seen > max_bytes:
                     # Answer now and make the app see a client that went away; whatever it
                     # sends afterwards is dropped.
                     refused = True
                     if not started:
-                        await self._refuse(scope, send)
+                        await self._refuse(scope, send, max_bytes)
                     return {"type": "http.disconnect"}
             return message
 
@@ -61,13 +83,13 @@ class BodySizeLimit:
 
         await self.app(scope, limited_receive, guarded_send)
 
-    async def _refuse(self, scope: Scope, send: Send) -> None:
+    async def _refuse(self, scope: Scope, send: Send, max_bytes: int) -> None:
         body = json.dumps(
             {
                 "type": "about:blank",
                 "title": "Content Too Large",
                 "status": 413,
-                "detail": f"Request bodies are limited to {self.max_bytes} bytes.",
+                "detail": f"Request bodies are limited to {max_bytes} bytes.",
                 "instance": scope.get("path"),
             }
         ).encode()

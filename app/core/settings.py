@@ -71,6 +71,25 @@ class Settings(BaseSettings):
         default=0.5, gt=0, description="How often an SSE stream looks for new events."
     )
     sse_keepalive_seconds: float = Field(default=15.0, gt=0)
+    judge_base_url: str | None = Field(
+        default=None,
+        description="The workers' default LLM judge (an OpenAI-compatible endpoint such as "
+        "http://host:8000/v1), used by RULER runs that name no judge of their own.",
+    )
+    judge_model: str | None = Field(
+        default=None, description="The default judge's model name (with judge_base_url)."
+    )
+    judge_api_key_env: str | None = Field(
+        default=None,
+        description="Name of the environment variable holding the default judge's API key "
+        "(the name, not the key, so the key never shows in settings dumps).",
+    )
+    max_dataset_bytes: int = Field(
+        default=64 * 1024 * 1024,
+        ge=1024,
+        description="Largest JSONL file POST /datasets accepts (413 above); that route alone "
+        "may exceed max_body_bytes.",
+    )
 
     @property
     def artifacts(self) -> Path:

@@ -60,6 +60,11 @@ class Run(SQLModel, table=True):
         default=None, sa_column=jsonb(nullable=True, default=None)
     )
     error: str | None = Field(default=None, sa_column=Column(Text, nullable=True))
+    # The uploaded dataset the run's inputs were copied from (they live on in task_inputs).
+    dataset_id: uuid.UUID | None = Field(
+        default=None,
+        sa_column=Column(Uuid, ForeignKey("datasets.id", ondelete="SET NULL"), nullable=True),
+    )
 
     created_at: datetime | None = Field(default=None, sa_column=timestamp())
     updated_at: datetime | None = Field(default=None, sa_column=timestamp())

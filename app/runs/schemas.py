@@ -6,11 +6,12 @@ like are a 422 when a request tries to set them; they exist only on the table.
 
 from __future__ import annotations
 
+import math
 import uuid
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.runs.grpo import GrpoSettings
 from app.runs.rewards import RewardSpec, RulerReward
@@ -27,6 +28,55 @@ class InputItem(BaseModel):
         default=None, description="Task context, e.g. {'answer': '42'} for exact-match rewards."
     )
     split: str = Field(default="train", pattern=r"^(train|validation)$")
+
+    @field_validator("input_text")
+    @classmethod
+    def _text_is_storable(cls, value: str) -> str:
+        if "\x00" in value:
+            raise ValueError(_NUL)
+        return value
+
+    @field_validator("context")
+    @classmethod
+    def _context_is_storable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # PostgreSQL's jsonb stores neither \u0000 (in keys or strings) nor NaN/Infinity,
+        # which the JSON parser lets through; refuse them here rather than fail the insert.
+        reason = _unstorable_json(value)
+        if reason:
+            raise ValueError(reason)
+        return value
+
+
+_NUL = "must not contain NUL (\\u0000) characters"
+_NAN = "must not contain NaN or Infinity"
+
+
+def _unstorable_json(value: Any) -> str | None:
+    """Why PostgreSQL's jsonb would refuse ``value``, or None. Iterative: it runs for every
+    line of a 100,000-line dataset."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        kind = type(item)
+        if kind is str:
+            if "\x00" in item:
+                return _NUL
+        elif kind is float:
+            if not math.isfinite(item):
+                return _NAN
+        elif kind is dict:
+            for key, v in item.items():
+                if "\x00" in key:
+                    return _NUL
+                t = type(v)
+                if t is str:
+                    if "\x00" in v:
+                        return _NUL
+                elif t is dict or t is list or t is float:
+                    stack.append(v)
+        elif kind is list:
+            stack.extend(item)
+    return None
 
 
 class RunCreate(BaseModel):
@@ -55,11 +105,25 @@ class RunCreate(BaseModel):
     inputs: list[InputItem] | None = Field(
         default=None,
         max_length=MAX_INLINE_INPUTS,
-        description="Inline training inputs; omitted: generated from task_description.",
+        description="Inline training inputs. Omitted, and no dataset_id: generated from "
+        "task_description.",
+    )
+    dataset_id: uuid.UUID | None = Field(
+        default=None,
+        description="An uploaded dataset (POST /datasets) of this project whose rows become "
+        "the run's inputs; num_examples is then its train row count. Not with inputs.",
     )
     reward: RewardSpec = Field(default_factory=lambda: RulerReward(type="ruler"))
     grpo: GrpoSettings = Field(default_factory=GrpoSettings)
     config: dict[str, Any] = Field(default_factory=dict, description="Free-form extra settings.")
+
+    @field_validator("dataset_id")
+    @classmethod
+    def _inputs_or_dataset(cls, value: uuid.UUID | None, info: ValidationInfo) -> uuid.UUID | None:
+        # A field validator, so the problem names body.dataset_id (inputs is validated first).
+        if value is not None and info.data.get("inputs") is not None:
+            raise ValueError("give either inputs or dataset_id, not both")
+        return value
 
     @model_validator(mode="after")
     def _inputs(self) -> RunCreate:
@@ -101,6 +165,7 @@ class RunPublic(BaseModel):
     reward: dict[str, Any]
     grpo: dict[str, Any]
     config: dict[str, Any]
+    dataset_id: uuid.UUID | None
     metrics: TrainingMetrics | None
     error: str | None
     step: int

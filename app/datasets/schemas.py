@@ -1,0 +1,45 @@
+"""Response shapes for datasets. A dataset's lines are validated as the runs' inline
+inputs are (:class:`app.runs.schemas.InputItem`): one rule for both."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DatasetPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    id: uuid.UUID
+    project_id: uuid.UUID
+    name: str | None = Field(description="The `name` given, else the uploaded file's name.")
+    num_rows: int
+    num_train_rows: int = Field(description="What num_examples is for a run of this dataset.")
+    num_validation_rows: int
+    size_bytes: int = Field(description="Bytes of the uploaded file.")
+    sha256: str = Field(description="Hex SHA-256 of the uploaded file, to spot duplicates.")
+    created_at: datetime
+
+
+class DatasetsPage(BaseModel):
+    data: list[DatasetPublic]
+    has_more: bool
+    next_cursor: str | None = None
+
+
+class DatasetRowPublic(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+    index: int = Field(description="0-based position among the file's non-blank lines.")
+    input_text: str
+    context: dict[str, Any] | None
+    split: str
+
+
+class DatasetRowsPage(BaseModel):
+    data: list[DatasetRowPublic]
+    has_more: bool
+    next_cursor: str | None = None
