@@ -40,6 +40,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         from workers.celery_app import make_celery
 
         url = database_url(settings)
+        app.state.settings = settings
         engine = make_engine(url, pool_size=settings.db_pool_size)
         app.state.pg = await create_pool(url, size=settings.db_pool_size)
         app.state.engine = engine

@@ -13,11 +13,11 @@ import json
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Generic, TypeVar
 
-from fastapi import Depends, Query
+from fastapi import Depends, Query, Request
 from pydantic import BaseModel
 
 from app.core.errors import Problem
-from app.core.settings import get_settings
+from app.core.settings import app_settings
 
 T = TypeVar("T")
 
@@ -54,6 +54,7 @@ class PageParams(BaseModel):
 
 
 def page_params(
+    request: Request,
     limit: Annotated[
         int | None, Query(ge=1, description="Page size; capped by the server.")
     ] = None,
@@ -62,7 +63,7 @@ def page_params(
         Query(max_length=512, description="`next_cursor` of the previous page."),
     ] = None,
 ) -> PageParams:
-    settings = get_settings()
+    settings = app_settings(request)
     if limit is not None and limit > settings.max_page_size:
         raise Problem(
             422,

@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path
 
+from fastapi import Request
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -99,3 +100,9 @@ class Settings(BaseSettings):
 @lru_cache
 def get_settings() -> Settings:
     return Settings()
+
+
+def app_settings(request: Request) -> Settings:
+    """The settings the running app was created with (tests and embedders pass their own)."""
+    settings: Settings = request.app.state.settings
+    return settings

@@ -21,7 +21,7 @@ from app.auth.deps import Caller
 from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
-from app.core.settings import get_settings
+from app.core.settings import app_settings
 from app.events import service
 from app.events.models import RunEvent
 from app.events.schemas import RunEventPublic, RunEventsPage
@@ -84,7 +84,7 @@ async def stream_run_events(
             )
         start = int(last_event_id)
     maker = request.app.state.sessionmaker
-    settings = get_settings()
+    settings = app_settings(request)
 
     async def events() -> AsyncIterator[str]:
         cursor = start

@@ -100,7 +100,7 @@ async def insert_run(
         body.model_name,
         body.trained_model_name,
         body.task_description,
-        len(inputs) if inputs else body.num_examples,
+        sum(1 for i in inputs if i["split"] == "train") if inputs else body.num_examples,
         body.rollouts_per_group,
         body.learning_rate,
         body.num_epochs,

@@ -90,7 +90,13 @@ class RunCreate(BaseModel):
     task_description: str = Field(min_length=1, max_length=20_000)
     trained_model_name: str | None = Field(default=None, min_length=1, max_length=500)
     system_prompt: str | None = Field(default=None, max_length=20_000)
-    num_examples: int = Field(default=100, ge=1, le=100_000)
+    num_examples: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="How many inputs to generate from task_description when the run has "
+        "neither inputs nor dataset_id; otherwise the number of train inputs given.",
+    )
     rollouts_per_group: int = Field(
         default=4, ge=2, le=256, description="Completions per input (GRPO num_generations)."
     )
@@ -116,6 +122,22 @@ class RunCreate(BaseModel):
     reward: RewardSpec = Field(default_factory=lambda: RulerReward(type="ruler"))
     grpo: GrpoSettings = Field(default_factory=GrpoSettings)
     config: dict[str, Any] = Field(default_factory=dict, description="Free-form extra settings.")
+
+    @field_validator(
+        "model_name",
+        "task_description",
+        "trained_model_name",
+        "system_prompt",
+        "learning_key",
+        "config",
+        "reward",
+    )
+    @classmethod
+    def _storable(cls, value: Any) -> Any:
+        reason = _unstorable_json(value.model_dump() if isinstance(value, BaseModel) else value)
+        if reason:
+            raise ValueError(reason)
+        return value
 
     @field_validator("dataset_id")
     @classmethod

@@ -26,6 +26,9 @@ async def test_create_returns_202_location_and_the_run(client, tenant, sessionma
     assert run["status"] == "pending"
     assert run["project_id"] == str(tenant.project_id)
     assert run["num_examples"] == 2
+    mixed = run_body(inputs=[{"input_text": "a"}, {"input_text": "b", "split": "validation"}])
+    r = await client.post("/runs", json=mixed, headers=tenant.headers)
+    assert r.json()["num_examples"] == 1  # train inputs only
     assert run["reward"]["type"] == "function"
     assert run["grpo"]["beta"] == 0.04  # the reference recipe's default
     assert run["learning_key"] == "letters"
@@ -50,6 +53,8 @@ async def test_create_returns_202_location_and_the_run(client, tenant, sessionma
         ({"reward": {"type": "nope"}}, "body.reward"),
         ({"model_name": "x" * 501}, "body.model_name"),
         ({"inputs": [{"input_text": ""}]}, "body.inputs[0].input_text"),
+        ({"task_description": "nul \u0000 byte"}, "body.task_description"),
+        ({"reward": {"type": "ruler", "rubric": "a\u0000"}}, "body.reward"),
     ],
 )
 async def test_bad_bodies_are_422_naming_the_field(client, tenant, patch, field) -> None:
@@ -59,6 +64,16 @@ async def test_bad_bodies_are_422_naming_the_field(client, tenant, patch, field)
     problem = r.json()
     assert problem["status"] == 422 and problem["title"]
     assert any(e["field"].startswith(field) for e in problem["errors"]), problem
+
+
+async def test_nan_in_config_is_422_not_500(client, tenant) -> None:
+    """Python's JSON parser accepts NaN; PostgreSQL's jsonb does not."""
+    raw = json.dumps(run_body(config={"x": [1, float("nan")]}))
+    r = await client.post(
+        "/runs", content=raw, headers={**tenant.headers, "content-type": "application/json"}
+    )
+    assert r.status_code == 422
+    assert r.json()["errors"][0]["field"] == "body.config"
 
 
 async def test_too_many_inline_inputs_is_422(client, tenant) -> None:
