@@ -13,14 +13,24 @@ from workers.rewards.base import Group, Rollout, Score, Scorer
 
 
 def make_scorer(spec: dict[str, Any]) -> Scorer:
+    """The scorer for a run's ``reward`` spec (the model_dump of app.runs.rewards' union).
+
+    Imports lazily, so a worker only loads what its runs use.
+    """
     kind = spec.get("type")
     if kind == "function":
         from workers.rewards.functions import FunctionScorer
 
         return FunctionScorer(spec)
-    raise ValueError(
-        f"reward type {kind!r} is not available on this worker yet (function rewards are)"
-    )
+    if kind == "ruler":
+        from workers.rewards.ruler import RulerScorer
+
+        return RulerScorer(spec)
+    if kind == "rim":
+        from workers.rewards.rim import RimScorer
+
+        return RimScorer(spec)
+    raise ValueError(f"unknown reward type {kind!r} (expected ruler, rim or function)")
 
 
 __all__ = ["Group", "Rollout", "Score", "Scorer", "make_scorer"]
