@@ -1,7 +1,8 @@
 """Reading an uploaded JSONL dataset while it streams in. Nothing here touches the database.
 
 The body is either ``multipart/form-data`` (a ``file`` part and an optional ``name`` part)
-or the file itself (``application/x-ndjson``). Either way each chunk goes straight to a
+or the file itself (``application/x-ndjson``); python-multipart's streaming parser splits the
+former as it arrives. Either way each chunk of the file goes straight to a
 :class:`JsonlReader`, which counts bytes against the limit (413 as soon as it is passed, not
 after buffering), hashes them, validates every line with the inline inputs' own rules
 (:class:`~app.runs.schemas.InputItem`) and keeps the valid rows as PostgreSQL ``COPY`` text,
@@ -17,19 +18,24 @@ import hashlib
 import json
 import uuid
 from collections.abc import AsyncIterable
-from email.message import Message
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
+from python_multipart.exceptions import MultipartParseError
+from python_multipart.multipart import MultipartParser, parse_options_header
 
 from app.core.errors import FieldError, Problem
 from app.runs.schemas import InputItem
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks
 
 MAX_LINES = 100_000  # rows of one dataset; also the most num_examples a run may ask for
 MAX_NAME_CHARS = 200
 MAX_REPORTED_LINES = 10  # bad lines named in one 422 before reading stops
 MULTIPART_ENVELOPE_BYTES = 64 * 1024  # what a multipart body may carry beyond its file
 MAX_PART_HEADER_BYTES = 16 * 1024
+_FEED_BYTES = 64 * 1024  # the most handed to the multipart parser at once
 JSONL_MEDIA_TYPES = frozenset(
     {
         "application/x-ndjson",
@@ -211,21 +217,8 @@ def _malformed(detail: str) -> Problem:
     )
 
 
-def _header_param(header: str, value: str, param: str) -> str | None:
-    message = Message()
-    message[header] = value
-    found: Any = message.get_param(param, header=header)
-    if found is None:
-        return None
-    if isinstance(found, tuple):  # RFC 2231 (charset, language, value)
-        from email.utils import collapse_rfc2231_value
-
-        return collapse_rfc2231_value(found)
-    return str(found)
-
-
 def multipart_boundary(content_type: str) -> bytes:
-    boundary = _header_param("content-type", content_type, "boundary")
+    boundary = parse_options_header(content_type)[1].get(b"boundary")
     if not boundary or len(boundary) > 200:
         raise Problem(
             422,
@@ -233,124 +226,7 @@ def multipart_boundary(content_type: str) -> bytes:
             "multipart/form-data needs a boundary parameter (1 to 70 characters).",
             field="header.Content-Type",
         )
-    return boundary.encode("latin-1", "replace")
-
-
-class _PartStart:
-    __slots__ = ("filename", "name")
-
-    def __init__(self, name: str | None, filename: str | None) -> None:
-        self.name = name
-        self.filename = filename
-
-
-class _PartEnd:
-    __slots__ = ()
-
-
-_PART_END = _PartEnd()
-_Event = _PartStart | bytes | _PartEnd
-
-
-class MultipartParser:
-    """An incremental ``multipart/form-data`` parser (RFC 7578) that never holds a part.
-
-    :meth:`feed` returns events: a :class:`_PartStart`, then the part's content as ``bytes``
-    chunks, then ``_PART_END``. Only a delimiter's worth of bytes is kept between calls.
-    """
-
-    _PREAMBLE, _AFTER_DELIMITER, _HEADERS, _BODY, _DONE = range(5)
-
-    def __init__(self, boundary: bytes) -> None:
-        self._delimiter = b"\r\n--" + boundary
-        # The first delimiter may open the body with no CRLF before it.
-        self._buf = bytearray(b"\r\n")
-        self._state = self._PREAMBLE
-
-    @property
-    def done(self) -> bool:
-        return self._state == self._DONE
-
-    def feed(self, data: bytes) -> list[_Event]:
-        self._buf += data
-        events: list[_Event] = []
-        buf = self._buf
-        delimiter = self._delimiter
-        while True:
-            if self._state == self._PREAMBLE:
-                at = buf.find(delimiter)
-                if at < 0:
-                    del buf[: max(0, len(buf) - len(delimiter) + 1)]
-                    break
-                del buf[: at + len(delimiter)]
-                self._state = self._AFTER_DELIMITER
-            elif self._state == self._AFTER_DELIMITER:
-                if len(buf) < 2:
-                    break
-                if buf.startswith(b"--"):
-                    self._state = self._DONE  # the close delimiter; the epilogue is ignored
-                    continue
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > 256:
-                        raise _malformed("A boundary delimiter is not followed by a line end.")
-                    break
-                if buf[:end].strip(b" \t"):
-                    raise _malformed("A boundary delimiter is followed by unexpected bytes.")
-                del buf[: end + 2]
-                self._state = self._HEADERS
-            elif self._state == self._HEADERS:
-                if buf.startswith(b"\r\n"):
-                    head, skip = b"", 2
-                else:
-                    end = buf.find(b"\r\n\r\n")
-                    if end < 0:
-                        if len(buf) > MAX_PART_HEADER_BYTES:
-                            raise _malformed("A part's headers are too large.")
-                        break
-                    head, skip = bytes(buf[:end]), end + 4
-                if skip > MAX_PART_HEADER_BYTES:
-                    raise _malformed("A part's headers are too large.")
-                del buf[:skip]
-                events.append(self._part_start(head))
-                self._state = self._BODY
-            elif self._state == self._BODY:
-                at = buf.find(delimiter)
-                if at < 0:
-                    keep = len(delimiter) - 1  # may be the start of a delimiter
-                    if len(buf) > keep:
-                        events.append(bytes(buf[: len(buf) - keep]))
-                        del buf[: len(buf) - keep]
-                    break
-                if at:
-                    events.append(bytes(buf[:at]))
-                events.append(_PART_END)
-                del buf[: at + len(delimiter)]
-                self._state = self._AFTER_DELIMITER
-            else:  # done: drop the epilogue
-                buf.clear()
-                break
-        return events
-
-    def close(self) -> None:
-        if self._state != self._DONE:
-            raise _malformed("The multipart body ends before its closing boundary.")
-
-    @staticmethod
-    def _part_start(head: bytes) -> _PartStart:
-        disposition = None
-        for line in head.decode("utf-8", "replace").split("\r\n"):
-            key, sep, value = line.partition(":")
-            if not sep:
-                raise _malformed("A part header line has no colon.")
-            if key.strip().lower() == "content-disposition":
-                disposition = value.strip()
-        if disposition is None or not disposition.lower().startswith("form-data"):
-            raise _malformed("Every part needs 'Content-Disposition: form-data; name=…'.")
-        return _PartStart(
-            _header_param("content-disposition", disposition, "name"),
-            _header_param("content-disposition", disposition, "filename"),
-        )
+    return boundary
 
 
 class Upload:
@@ -361,49 +237,129 @@ class Upload:
         self.filename: str | None = None
 
 
+class _Form:
+    """python-multipart's callbacks for one upload: the ``file`` part goes to ``reader`` as it
+    arrives, ``name`` is kept (a few hundred bytes at most), any other part is a 422."""
+
+    def __init__(self, reader: JsonlReader) -> None:
+        self.reader = reader
+        self.upload = Upload()
+        self.seen: set[str] = set()
+        self.ended = False
+        self.data_bytes = 0  # the parts' contents; the rest of the body is envelope
+        self._current: str | None = None
+        self._name = bytearray()
+        self._header_bytes = 0
+        self._field = bytearray()
+        self._value = bytearray()
+        self._disposition: bytes | None = None
+
+    def callbacks(self) -> MultipartCallbacks:
+        return {
+            "on_part_begin": self._part_begin,
+            "on_header_field": self._header_field,
+            "on_header_value": self._header_value,
+            "on_header_end": self._header_end,
+            "on_headers_finished": self._headers_finished,
+            "on_part_data": self._part_data,
+            "on_part_end": self._part_end,
+            "on_end": self._end,
+        }
+
+    def _part_begin(self) -> None:
+        self._header_bytes = 0
+        self._disposition = None
+
+    def _header_bytes_add(self, n: int) -> None:
+        self._header_bytes += n
+        if self._header_bytes > MAX_PART_HEADER_BYTES:
+            raise _malformed("A part's headers are too large.")
+
+    def _header_field(self, data: bytes, start: int, end: int) -> None:
+        self._header_bytes_add(end - start)
+        self._field += data[start:end]
+
+    def _header_value(self, data: bytes, start: int, end: int) -> None:
+        self._header_bytes_add(end - start)
+        self._value += data[start:end]
+
+    def _header_end(self) -> None:
+        if self._field.lower() == b"content-disposition":
+            self._disposition = bytes(self._value).strip()
+        self._field.clear()
+        self._value.clear()
+
+    def _headers_finished(self) -> None:
+        # Parameters come back as latin-1 bytes of what was sent (UTF-8 in practice).
+        kind, params = parse_options_header(self._disposition)
+        if kind.lower() != b"form-data":
+            raise _malformed("Every part needs 'Content-Disposition: form-data; name=…'.")
+        current = params.get(b"name", b"").decode("utf-8", "replace")
+        if current not in ("file", "name"):
+            raise Problem(
+                422,
+                "Validation failed",
+                "unknown field: send the JSONL file as 'file' and optionally 'name'",
+                field=f"body.{current}" if current else "body",
+            )
+        if current in self.seen:
+            raise Problem(
+                422,
+                "Validation failed",
+                f"The '{current}' field is sent more than once.",
+                field=f"body.{current}",
+            )
+        self.seen.add(current)
+        self._current = current
+        if current == "file":
+            filename = params.get(b"filename")
+            self.upload.filename = None if filename is None else filename.decode("utf-8", "replace")
+
+    def _part_data(self, data: bytes, start: int, end: int) -> None:
+        self.data_bytes += end - start
+        if self._current == "file":
+            self.reader.feed(data[start:end])
+        else:
+            self._name += data[start:end]
+            if len(self._name) > MAX_NAME_CHARS * 4:
+                raise _bad_name()
+
+    def _part_end(self) -> None:
+        if self._current == "name":
+            self.upload.name = _form_name(bytes(self._name))
+        self._current = None
+
+    def _end(self) -> None:
+        self.ended = True
+
+
 async def read_multipart(
     chunks: AsyncIterable[bytes], boundary: bytes, reader: JsonlReader
 ) -> Upload:
     """Feed the ``file`` part to ``reader``; 422 naming ``body.<part>`` for anything else."""
-    parser = MultipartParser(boundary)
-    upload = Upload()
-    current: str | None = None
-    seen: set[str] = set()
-    name_bytes = bytearray()
+    form = _Form(reader)
+    parser = MultipartParser(boundary, form.callbacks())
+    fed = 0
     async for chunk in chunks:
-        for event in parser.feed(chunk):
-            if isinstance(event, bytes):
-                if current == "file":
-                    reader.feed(event)
-                else:
-                    name_bytes += event
-                    if len(name_bytes) > MAX_NAME_CHARS * 4:
-                        raise _bad_name()
-            elif isinstance(event, _PartStart):
-                current = event.name or ""
-                if current not in ("file", "name"):
-                    raise Problem(
-                        422,
-                        "Validation failed",
-                        "unknown field: send the JSONL file as 'file' and optionally 'name'",
-                        field=f"body.{current}" if current else "body",
-                    )
-                if current in seen:
-                    raise Problem(
-                        422,
-                        "Validation failed",
-                        f"The '{current}' field is sent more than once.",
-                        field=f"body.{current}",
-                    )
-                seen.add(current)
-                if current == "file":
-                    upload.filename = event.filename
-            else:
-                if current == "name":
-                    upload.name = _form_name(bytes(name_bytes))
-                current = None
-    parser.close()
-    if "file" not in seen:
+        # The parser walks boundaries and headers byte by byte in Python: slices keep the
+        # time spent on one of them short, and the envelope limit bounds their number.
+        for at in range(0, len(chunk), _FEED_BYTES):
+            if form.ended:
+                break  # the epilogue is ignored
+            piece = chunk[at : at + _FEED_BYTES] if len(chunk) > _FEED_BYTES else chunk
+            try:
+                parser.write(piece)
+            except MultipartParseError:
+                raise _malformed("The body is not well-formed multipart/form-data.") from None
+            fed += len(piece)
+            if fed - form.data_bytes > MULTIPART_ENVELOPE_BYTES:
+                raise _malformed(
+                    f"More than {MULTIPART_ENVELOPE_BYTES} bytes of the body are not a part's "
+                    "content (delimiters, headers or padding)."
+                )
+    if not form.ended:
+        raise _malformed("The multipart body ends before its closing boundary.")
+    if "file" not in form.seen:
         raise Problem(
             422,
             "Validation failed",
@@ -411,7 +367,7 @@ async def read_multipart(
             field="body.file",
         )
     reader.close()
-    return upload
+    return form.upload
 
 
 def _bad_name() -> Problem:

@@ -5,14 +5,23 @@ from __future__ import annotations
 import hashlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from sqlalchemy import func, select
 
+from app.core.errors import Problem
 from app.core.settings import get_settings
 from app.datasets.models import Dataset, DatasetRow
-from app.datasets.upload import MAX_LINES, MAX_REPORTED_LINES, MultipartParser
+from app.datasets.upload import (
+    MAX_LINES,
+    MAX_PART_HEADER_BYTES,
+    MAX_REPORTED_LINES,
+    MULTIPART_ENVELOPE_BYTES,
+    JsonlReader,
+    read_multipart,
+)
 from tests.conftest import run_body
 
 PROBLEM = "application/problem+json"
@@ -271,31 +280,62 @@ async def test_chunked_multipart_upload(client, tenant) -> None:
     assert r.json()["name"] == "chunked" and r.json()["num_rows"] == 50
 
 
-def test_multipart_parser_splits_parts_whatever_the_chunking() -> None:
-    boundary = b"b0undary"
+class RecordingReader(JsonlReader):
+    """Keeps what the multipart reader hands it, unvalidated."""
+
+    def __init__(self) -> None:
+        super().__init__(uuid.uuid4(), max_bytes=1 << 20)
+        self.data = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self.data += data
+
+    def close(self) -> None:
+        pass
+
+
+async def chunked(body: bytes, size: int) -> AsyncIterator[bytes]:
+    for i in range(0, len(body), size):
+        yield body[i : i + size]
+
+
+async def test_multipart_reader_splits_parts_whatever_the_chunking() -> None:
+    # Look-alikes of the delimiter inside the file: cut short, followed by neither CRLF nor
+    # "--", and followed by a single hyphen.
+    content = b"abc\r\n--b0und\r\n--b0undaryX\r\n--b0undary-y\r\r\n"
     body = (
-        b'preamble\r\n--b0undary\r\nContent-Disposition: form-data; name="file"\r\n\r\n'
-        + b"abc\r\n--b0und"
+        b'\r\n--b0undary\r\nContent-Disposition: form-data; name="file"; filename="f.jsonl"\r\n'
+        + b"Content-Type: application/jsonl\r\n\r\n"
+        + content
         + b'\r\n--b0undary\r\nContent-Disposition: form-data; name="name"\r\n\r\n'
         + b"n\r\n--b0undary--\r\nepilogue"
     )
     for size in (1, 2, 3, 5, 11, len(body)):
-        parser = MultipartParser(boundary)
-        events: list[Any] = []
-        for i in range(0, len(body), size):
-            events += parser.feed(body[i : i + size])
-        parser.close()
-        starts = [e.name for e in events if hasattr(e, "name")]
-        data: dict[str, bytes] = {}
-        current = None
-        for e in events:
-            if hasattr(e, "name"):
-                current = e.name
-                data[current] = b""
-            elif isinstance(e, bytes):
-                data[current] += e
-        assert starts == ["file", "name"], size
-        assert data == {"file": b"abc\r\n--b0und", "name": b"n"}, size
+        reader = RecordingReader()
+        form = await read_multipart(chunked(body, size), b"b0undary", reader)
+        assert bytes(reader.data) == content, size
+        assert (form.name, form.filename) == ("n", "f.jsonl"), size
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        (b"preamble\r\n--bb\r\n", "well-formed"),
+        (b"--bb\r\nContent-Disposition form-data\r\n\r\n", "well-formed"),
+        (b"--bb\r\nContent-Type: text/plain\r\n\r\nx\r\n--bb--", "Content-Disposition"),
+        (b'--bb\r\nContent-Disposition: attachment; name="file"\r\n\r\n', "Content-Disposition"),
+        (b"--bb\r\nX-Big: " + b"x" * MAX_PART_HEADER_BYTES + b"\r\n\r\n", "headers"),
+        (b"\r\n" * MULTIPART_ENVELOPE_BYTES + b"--bb--", "bytes of the body"),
+        (b'--bb\r\nContent-Disposition: form-data; name="file"\r\n\r\n{}\r\n', "ends"),
+    ],
+)
+async def test_malformed_multipart_is_422_naming_the_body(body, detail) -> None:
+    for size in (7, 64 * 1024, len(body)):
+        with pytest.raises(Problem) as caught:
+            await read_multipart(chunked(body, size), b"bb", RecordingReader())
+        problem = caught.value
+        assert (problem.status, problem.errors[0].field) == (422, "body"), size
+        assert detail in problem.detail, (size, problem.detail)
 
 
 @pytest.mark.parametrize(
