@@ -62,8 +62,11 @@ class GrpoSettings(BaseModel):
     # Checkpoints and evaluation (metrics are stored for every step)
     save_steps: int = Field(default=500, ge=1)
     save_total_limit: int | None = Field(default=3, ge=1)
-    eval_steps: int = Field(
-        default=500, ge=1, description="Evaluate on the validation inputs every N steps."
+    eval_steps: int | None = Field(
+        default=None,
+        ge=1,
+        description="Evaluate on the validation inputs every N steps; unset: at every "
+        "checkpoint (save_steps).",
     )
     validation_fraction: float = Field(
         default=0.1,
@@ -93,7 +96,7 @@ class GrpoSettings(BaseModel):
             raise ValueError("bf16 and fp16 are exclusive: choose one")
         if self.engine == "vllm-server" and not self.vllm_server_url:
             raise ValueError("engine 'vllm-server' needs vllm_server_url")
-        if self.load_best_model_at_end and self.save_steps % self.eval_steps:
+        if self.eval_steps and self.load_best_model_at_end and self.save_steps % self.eval_steps:
             raise ValueError(
                 "save_steps must be a multiple of eval_steps when load_best_model_at_end is "
                 "set (the best model is chosen among evaluated checkpoints)"

@@ -56,6 +56,10 @@ class Run(SQLModel, table=True):
     reward: dict[str, Any] = Field(default_factory=dict, sa_column=jsonb())
     grpo: dict[str, Any] = Field(default_factory=dict, sa_column=jsonb())
     config: dict[str, Any] = Field(default_factory=dict, sa_column=jsonb())
+    # The LLM that writes the run's inputs from task_description (None: the workers' default).
+    generator: dict[str, Any] | None = Field(
+        default=None, sa_column=jsonb(nullable=True, default=None)
+    )
     metrics: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )

@@ -24,11 +24,11 @@ WITH run AS (
     INSERT INTO runs (
         id, project_id, status, model_name, trained_model_name, task_description,
         num_examples, rollouts_per_group, learning_rate, num_epochs, max_steps,
-        system_prompt, learning_key, reward, grpo, config,
+        system_prompt, learning_key, reward, grpo, config, generator,
         step, epoch, version, attempt, cancel_requested, pause_requested
     )
     VALUES (
-        $1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15,
+        $1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $18,
         0, 0, 1, 0, false, false
     )
     RETURNING {PUBLIC_COLUMNS}
@@ -112,6 +112,7 @@ async def insert_run(
         body.config,
         inputs,
         {"inline_inputs": len(inputs)},
+        body.generator.model_dump(mode="json") if body.generator else None,
     )
     assert row is not None
     run = dict(row)

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.runs.grpo import GrpoSettings
-from app.runs.rewards import RewardSpec, RulerReward
+from app.runs.rewards import JudgeEndpoint, RewardSpec, RulerReward
 from app.runs.status import RunStatus
 
 MAX_INLINE_INPUTS = 10_000
@@ -119,6 +119,12 @@ class RunCreate(BaseModel):
         description="An uploaded dataset (POST /datasets) of this project whose rows become "
         "the run's inputs; num_examples is then its train row count. Not with inputs.",
     )
+    generator: JudgeEndpoint | None = Field(
+        default=None,
+        description="The LLM that writes num_examples inputs (and a system prompt, if none is "
+        "given) from task_description when the run has neither inputs nor dataset_id. "
+        "Unset: the workers' default judge endpoint.",
+    )
     reward: RewardSpec = Field(default_factory=lambda: RulerReward(type="ruler"))
     grpo: GrpoSettings = Field(default_factory=GrpoSettings)
     config: dict[str, Any] = Field(default_factory=dict, description="Free-form extra settings.")
@@ -187,6 +193,7 @@ class RunPublic(BaseModel):
     reward: dict[str, Any]
     grpo: dict[str, Any]
     config: dict[str, Any]
+    generator: dict[str, Any] | None
     dataset_id: uuid.UUID | None
     metrics: TrainingMetrics | None
     error: str | None

@@ -97,3 +97,4 @@ async def idle_system(sessionmaker: Any, service_urls: tuple[str, str]) -> None:
     prefix = get_settings().broker_prefix
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
+from tests.llm.fake_server import llm, llm_server  # noqa: F401, E402  (fixtures)

@@ -54,7 +54,7 @@ def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
         },
     }
     for key, value in overrides.items():
-        if isinstance(value, dict) and isinstance(body.get(key), dict):
+        if key == "grpo":  # settings merge; everything else replaces
             body[key] = {**body[key], **value}
         else:
             body[key] = value
@@ -375,3 +375,78 @@ async def test_pause_checkpoints_at_the_step_boundary_and_resume_continues_there
             .all()
         )
     assert resumed == [paused.step]
+
+
+def _scripted_llm(body: dict[str, Any]) -> dict[str, Any]:
+    """Writes inputs and a system prompt on request, and judges like char_fraction would:
+    each trajectory's score is the share of 'a' in its answer."""
+    import re
+
+    name = body["response_format"]["json_schema"]["name"]
+    if name == "system_prompt":
+        return {"system_prompt": "Answer with the letter a, as often as you can."}
+    if name == "training_inputs":
+        _scripted_llm.calls += 1  # type: ignore[attr-defined]
+        n = _scripted_llm.calls  # type: ignore[attr-defined]
+        return {"inputs": [{"input_text": f"Request {n}.{i}"} for i in range(4)]}
+    user = body["messages"][-1]["content"]
+    scores = []
+    for tid, text in re.findall(r'<trajectory id="(\w+)">\n(.*?)\n</trajectory>', user, re.S):
+        answer = re.sub(r"<[^>]+>", "", text).strip()
+        fraction = answer.count("a") / len(answer) if answer else 0.0
+        scores.append({"trajectory_id": tid, "explanation": f"{fraction:.2f} a", "score": fraction})
+    return {"scores": scores}
+
+
+_scripted_llm.calls = 0  # type: ignore[attr-defined]
+
+
+async def test_generated_inputs_and_a_ruler_judge_over_http(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, llm
+) -> None:
+    llm.handle(_scripted_llm)
+    start_worker(**worker_home)
+    body = letters_run(
+        tiny_model,
+        max_steps=12,
+        inputs=None,
+        num_examples=8,
+        generator=llm.endpoint("gen"),
+        reward={"type": "ruler", "judge": llm.endpoint("judge-small")},
+        grpo={"save_steps": 100, "validation_fraction": 0.25, "eval_steps": 100},
+    )
+    del body["inputs"]
+    created = await client.post("/runs", json=body, headers=tenant.headers)
+    assert created.status_code == 202, created.text
+    run = created.json()
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=240
+    )
+    assert done.status == "completed", done.error
+    assert done.system_prompt == "Answer with the letter a, as often as you can."
+    inputs = (await client.get(f"/runs/{run['id']}/inputs", headers=tenant.headers)).json()
+    assert len(inputs["data"]) == 8
+    assert {i["split"] for i in inputs["data"]} == {"train", "validation"}
+    page = (
+        await client.get(
+            f"/runs/{run['id']}/trajectories",
+            params={"step": 12, "limit": 3},
+            headers=tenant.headers,
+        )
+    ).json()
+    first = page["data"][0]
+    assert first["messages"][0] == {"role": "system", "content": done.system_prompt}
+    assert first["reward_breakdown"]["ruler"]["explanation"].endswith(" a")
+    assert first["reward"] == pytest.approx(first["reward_breakdown"]["ruler"]["score"])
+    # The judge saw every group of every training step once (plus base/final evaluations).
+    assert llm.schema_names().count("ruler_scores") >= 12 * 2
+
+
+async def test_ruler_run_without_a_judge_fails_before_any_step(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)
+    body = letters_run(tiny_model, reward={"type": "ruler"})
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", within=60)
+    assert "TRAINYARD_JUDGE_BASE_URL" in (done.error or "") and done.step == 0

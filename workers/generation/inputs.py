@@ -130,7 +130,7 @@ def generate_inputs(
     """``num_examples`` distinct inputs for the task, and a system prompt if asked.
 
     ``endpoint``: an Endpoint, or a JudgeEndpoint's fields (base_url, model, api_key_env,
-    ...); ``workers.rewards.ruler.resolve_endpoint`` gives the run's or the default judge.
+    ...); ``workers.llm.endpoints.resolve_endpoint`` gives the run's or the default judge.
 
     Calls are made until ``num_examples`` distinct inputs exist or ``max_calls`` (default:
     twice the batches needed, plus 3) are spent; then fewer than ``min_examples`` (default:

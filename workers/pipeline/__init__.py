@@ -15,7 +15,7 @@ from app.checkpoints import service as checkpoints
 from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
-from workers.pipeline.inputs import load_inputs, prepare_inputs
+from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare_inputs
 from workers.pipeline.plan import build_plan
 from workers.rewards import make_scorer
 
@@ -27,7 +27,7 @@ async def run_pipeline(ctx: RunContext) -> None:
 
     run = await ctx.load()
     scorer = make_scorer(run.reward)
-    scorer.check()
+    await asyncio.to_thread(scorer.check)  # judges are reached over the network
     await asyncio.to_thread(check_model, run.model_name)
 
     status = RunStatus(run.status)
@@ -35,6 +35,9 @@ async def run_pipeline(ctx: RunContext) -> None:
         await ctx.move(S.GENERATING, expected=S.PENDING, message="preparing inputs")
         status = S.GENERATING
     if status == S.GENERATING:
+        if not await count_inputs(ctx):
+            await generate(ctx, run)
+            run = await ctx.load()  # with its generated system prompt
         counts = await prepare_inputs(
             ctx, validation_fraction=run.grpo["validation_fraction"], seed=run.grpo["seed"]
         )

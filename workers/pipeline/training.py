@@ -423,7 +423,7 @@ def grpo_config(run: Run, paths: RunPaths, n_steps: int, *, evaluate: bool) -> A
     if evaluate:
         kwargs.update(
             eval_strategy="steps",
-            eval_steps=grpo["eval_steps"],
+            eval_steps=grpo.get("eval_steps") or grpo["save_steps"],
             per_device_eval_batch_size=per_step,
             load_best_model_at_end=grpo["load_best_model_at_end"],
             metric_for_best_model=grpo["metric_for_best_model"],

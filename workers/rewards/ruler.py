@@ -20,7 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.core.settings import Settings
 from app.runs.rewards import RulerReward
-from workers.llm import AnswerRejected, ChatClient, Endpoint, LLMError, LLMUnavailable
+from workers.llm import AnswerRejected, ChatClient, LLMError, LLMUnavailable
+from workers.llm.endpoints import resolve_endpoint
 from workers.rewards.base import Group, Score
 from workers.rewards.transcript import conversation, reference_block, render_messages
 from workers.rewards.transcript import shared_prefix as shared_prefix_length
@@ -123,35 +124,6 @@ def check_ids(answer: RulerAnswer, ids: list[str]) -> None:
         )
 
 
-def resolve_endpoint(
-    judge: dict[str, Any] | None, settings: Settings
-) -> tuple[Endpoint | None, str | None]:
-    """The run's judge, else the workers' default judge; or None and why there is none."""
-    if judge is not None:
-        return Endpoint.from_spec(judge), None
-    if settings.judge_base_url and settings.judge_model:
-        return (
-            Endpoint(
-                base_url=settings.judge_base_url,
-                model=settings.judge_model,
-                api_key_env=settings.judge_api_key_env or None,
-            ),
-            None,
-        )
-    missing = [
-        name
-        for name, value in (
-            ("TRAINYARD_JUDGE_BASE_URL", settings.judge_base_url),
-            ("TRAINYARD_JUDGE_MODEL", settings.judge_model),
-        )
-        if not value
-    ]
-    return None, (
-        "RULER needs a judge: the run's reward names no 'judge' and this worker has no "
-        f"default judge ({' and '.join(missing)} unset)"
-    )
-
-
 class RulerScorer:
     """Scores each group with one judge call; groups run concurrently up to max_concurrency."""
 
@@ -170,7 +142,7 @@ class RulerScorer:
         self.rubric = parsed.rubric if parsed.rubric and parsed.rubric.strip() else DEFAULT_RUBRIC
         self.temperature = parsed.temperature
         self.endpoint, self.unconfigured = resolve_endpoint(
-            parsed.judge.model_dump() if parsed.judge else None, settings
+            parsed.judge.model_dump() if parsed.judge else None, settings, purpose="RULER"
         )
         self.backoff_s = backoff_s
         self.dropped_groups = 0  # over this scorer's life, for logs and tests
