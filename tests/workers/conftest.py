@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.llm.fake_server import llm, llm_server  # noqa: F401  (fixtures)
+
 ROOT = Path(__file__).resolve().parents[2]
 
 FAST = {
@@ -97,4 +99,18 @@ async def idle_system(sessionmaker: Any, service_urls: tuple[str, str]) -> None:
     prefix = get_settings().broker_prefix
     for key in client.scan_iter(f"{prefix}*"):
         client.delete(key)
-from tests.llm.fake_server import llm, llm_server  # noqa: F401, E402  (fixtures)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from workers.ml.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture
+def worker_home(tmp_path: Path) -> dict[str, str]:
+    return {
+        "TRAINYARD_PIPELINE": "workers.pipeline:run_pipeline",
+        "TRAINYARD_HOME": str(tmp_path / "home"),
+    }

@@ -18,14 +18,6 @@ from app.metrics.models import MetricPoint
 from app.trajectories.models import Trajectory
 from tests.workers.test_leases import _run, wait_for
 
-REAL = "workers.pipeline:run_pipeline"
-
-
-@pytest.fixture(scope="session")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from workers.ml.tiny_model import build_tiny_model
-
-    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
 def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
@@ -84,11 +76,6 @@ async def _trajectory_keys(maker: Any, run_id: str) -> list[tuple[int, int, int]
 
 def _full(steps: int, groups: int = 2, rollouts: int = 8) -> list[tuple[int, int, int]]:
     return [(s, g, r) for s in range(1, steps + 1) for g in range(groups) for r in range(rollouts)]
-
-
-@pytest.fixture
-def worker_home(tmp_path: Path) -> dict[str, str]:
-    return {"TRAINYARD_PIPELINE": REAL, "TRAINYARD_HOME": str(tmp_path / "home")}
 
 
 async def test_run_trains_to_completion_learns_and_keeps_everything(

