@@ -112,9 +112,11 @@ async def transition(
     """
     row = (
         await session.execute(
-            select(col(Run.status), col(Run.version), col(Run.lease_owner), col(Run.attempt)).where(
-                col(Run.id) == run_id
-            )
+            select(col(Run.status), col(Run.version), col(Run.lease_owner), col(Run.attempt))
+            .where(col(Run.id) == run_id)
+            # Locked until commit: a flag set by the API meanwhile (a cancel or pause
+            # request) waits instead of making a worker's legitimate move fail.
+            .with_for_update()
         )
     ).first()
     if row is None:

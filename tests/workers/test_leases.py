@@ -24,7 +24,11 @@ async def _run(maker: Any, run_id: str) -> Run:
 
 
 async def wait_for(
-    maker: Any, run_id: str, predicate: Callable[[Run], bool], within: float = 30
+    maker: Any,
+    run_id: str,
+    predicate: Callable[[Run], bool],
+    within: float = 30,
+    every: float = 0.1,
 ) -> Run:
     deadline = time.monotonic() + within
     while True:
@@ -33,7 +37,7 @@ async def wait_for(
             return run
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out; run is {run.status} step {run.step}: {run.error}")
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(every)
 
 
 async def _events(maker: Any, run_id: str) -> list[RunEvent]:

@@ -15,6 +15,8 @@ the run's lease. Step numbers start at 1 (the checkpoint after step N is checkpo
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -31,11 +33,12 @@ from app.checkpoints import service as checkpoints
 from app.events import service as events
 from app.metrics import service as metrics
 from app.runs.models import Run
-from app.runs.state import transition
+from app.runs.state import LeaseLost, transition
 from app.runs.status import RunStatus
 from app.trajectories import service as trajectories
 from workers.context import RunContext, StopRequested
 from workers.pipeline.plan import InputBatch, PlannedInput
+from workers.pipeline.writes import WriteBehind
 from workers.rewards import Group, Rollout, Scorer
 
 log = logging.getLogger(__name__)
@@ -107,9 +110,7 @@ class StepBridge:
         self.group_size = run.rollouts_per_group
         self.trainer: Any = None
         self.stats = StepStats()
-
-    def db(self, coro: Any) -> Any:
-        return self.ctx.runtime.run(coro)
+        self.writes = WriteBehind(ctx.runtime)
 
     def __call__(
         self,
@@ -155,7 +156,7 @@ class StepBridge:
             }
             for i in range(len(texts))
         ]
-        self.db(self._store_rollouts(step, rollouts))
+        self.writes.submit(lambda: self._store_rollouts(step, rollouts))
 
         scores = self.scorer.score(groups)
         rewards = [s.reward for row in scores for s in row]
@@ -167,12 +168,13 @@ class StepBridge:
             for gi, row in enumerate(scores)
             for ri, s in enumerate(row)
         ]
-        self.db(self._store_rewards(step, rows))
+        self.writes.submit(lambda: self._store_rewards(step, rows))
         self.ctx.check(pause_ok=False)
         return rewards
 
+    # Each of these commits its data with the phase change, fenced by the transition.
     async def _store_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
-        async with self.ctx.session() as session:
+        async with self.ctx.runtime.session() as session:
             await trajectories.upsert_rollouts(session, self.ctx.run_id, step, rollouts)
             await transition(
                 session,
@@ -184,7 +186,7 @@ class StepBridge:
             )
 
     async def _store_rewards(self, step: int, rows: list[dict[str, Any]]) -> None:
-        async with self.ctx.session() as session:
+        async with self.ctx.runtime.session() as session:
             await trajectories.set_rewards(session, self.ctx.run_id, step, rows)
             await transition(
                 session,
@@ -219,22 +221,8 @@ def make_callback(
 
         def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             ctx.check()
+            bridge.writes.check()
             bridge.stats = StepStats(started=time.monotonic())
-            bridge.db(self._begin_step(state.global_step + 1))
-
-        async def _begin_step(self, step: int) -> None:
-            async with ctx.session() as session:
-                row = await session.get(Run, ctx.run_id, populate_existing=True)
-                assert row is not None
-                if RunStatus(row.status) != S.COLLECTING:
-                    await transition(
-                        session,
-                        ctx.run_id,
-                        S.COLLECTING,
-                        fence=ctx.fence,
-                        message=f"step {step}: collecting rollouts",
-                        data={"step": step},
-                    )
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if ctx.stop == S.PAUSED and state.global_step < state.max_steps:
@@ -283,21 +271,30 @@ def make_callback(
                 "reward_first": self.first_reward,
                 **self.evaluation,
             }
-            bridge.db(self._finish_step(step, batch.epoch, values, summary))
+            bridge.writes.submit(lambda: self._finish_step(step, batch.epoch, values, summary))
 
         async def _finish_step(
             self, step: int, epoch: int, values: dict[str, float], summary: dict[str, Any]
         ) -> None:
-            from sqlalchemy import update
-
-            async with ctx.session() as session:
+            """The step's metrics, summary and event; the run moves on to the next step's
+            collecting in the same transaction (or stays in training after the last)."""
+            reward = values.get("reward_mean")
+            async with ctx.runtime.session() as session:
                 await metrics.record(session, ctx.run_id, step, values)
-                await session.execute(
-                    update(Run)
-                    .where(Run.id == ctx.run_id)  # type: ignore[arg-type]
-                    .values(step=step, epoch=epoch, metrics=summary, version=Run.version + 1)
-                )
-                reward = values.get("reward_mean")
+                progress = {"step": step, "epoch": epoch, "metrics": summary}
+                if step < len(plan):
+                    await transition(
+                        session,
+                        ctx.run_id,
+                        S.COLLECTING,
+                        expected=S.TRAINING,
+                        fence=ctx.fence,
+                        message=f"step {step + 1}: collecting rollouts",
+                        data={"step": step + 1},
+                        values=progress,
+                    )
+                else:
+                    await fenced_update(session, ctx, progress)
                 await events.append(
                     session,
                     ctx.run_id,
@@ -321,16 +318,24 @@ def make_callback(
             self.evaluation.update(
                 eval_reward=reward, eval_step=step, eval_improvement=reward - base
             )
-            bridge.db(self._record_evaluation(step, values, reward, reward - base))
+            summary = dict(self.evaluation)
+            bridge.writes.submit(
+                lambda: self._record_evaluation(step, values, summary, reward, reward - base)
+            )
 
         async def _record_evaluation(
-            self, step: int, values: dict[str, float], reward: float, gain: float
+            self,
+            step: int,
+            values: dict[str, float],
+            summary: dict[str, Any],
+            reward: float,
+            gain: float,
         ) -> None:
             async with ctx.session() as session:
                 await metrics.record(session, ctx.run_id, step, values)
                 row = await session.get(Run, ctx.run_id, populate_existing=True)
                 assert row is not None
-                row.metrics = {**(row.metrics or {}), **self.evaluation}
+                row.metrics = {**(row.metrics or {}), **summary}
                 row.version += 1
                 label = "base model" if step == 0 else f"step {step}"
                 await events.append(
@@ -366,13 +371,12 @@ def make_callback(
                 text = saved_state.read_text()
                 saved_state.write_text(text.replace(str(paths.staging), str(paths.checkpoints)))
             best = state.best_global_step if state.best_model_checkpoint else None
-            doomed = bridge.db(self._record_checkpoint(step, target, best))
-            for folder in doomed:
-                shutil.rmtree(folder, ignore_errors=True)
+            bridge.writes.submit(lambda: self._record_checkpoint(step, target, best))
             if self.pausing:
+                bridge.writes.flush()  # the checkpoint is recorded before the run pauses
                 raise StopRequested(S.PAUSED)
 
-        async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> list[str]:
+        async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> None:
             async with ctx.session() as session:
                 await checkpoints.record(
                     session,
@@ -389,10 +393,15 @@ def make_callback(
                     f"checkpoint at step {step}",
                     data={"step": step, "path": str(target)},
                 )
-                if not keep:
-                    return []
                 protect = {best} if best else set()
-                return await checkpoints.prune(session, ctx.run_id, keep=keep, protect=protect)
+                doomed = (
+                    await checkpoints.prune(session, ctx.run_id, keep=keep, protect=protect)
+                    if keep
+                    else []
+                )
+            # Folders go only after the commit that forgot them.
+            for folder in doomed:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
 
     return RunCallback()
 
@@ -533,7 +542,15 @@ def train(
     trainer.remove_callback(ProgressCallback)
     if evaluate and resume_from is None:
         trainer.evaluate()  # the base model: what every later evaluation is compared with
-    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    ctx.runtime.run(_start_collecting(ctx))
+    try:
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    except BaseException:
+        # Land what can land; the reason training stopped is what the driver must see.
+        with contextlib.suppress(Exception):
+            bridge.writes.flush()
+        raise
+    bridge.writes.flush()
 
     final = paths.final(run.trained_model_name or f"run-{run.id}")
     staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
@@ -543,3 +560,36 @@ def train(
     os.rename(staging, final)
     shutil.rmtree(paths.staging, ignore_errors=True)
     return final
+
+
+async def _start_collecting(ctx: RunContext) -> None:
+    """Whatever phase a (resumed) run was left in, its next step starts in collecting."""
+    async with ctx.session() as session:
+        row = await session.get(Run, ctx.run_id, populate_existing=True)
+        assert row is not None
+        if RunStatus(row.status) != S.COLLECTING:
+            await transition(
+                session,
+                ctx.run_id,
+                S.COLLECTING,
+                fence=ctx.fence,
+                message=f"step {row.step + 1}: collecting rollouts",
+                data={"step": row.step + 1},
+            )
+
+
+async def fenced_update(session: Any, ctx: RunContext, values: dict[str, Any]) -> None:
+    """Set run columns only while this worker holds the lease."""
+    from sqlalchemy import update
+
+    result = await session.execute(
+        update(Run)
+        .where(
+            Run.id == ctx.run_id,  # type: ignore[arg-type]
+            Run.lease_owner == ctx.fence.owner,  # type: ignore[arg-type]
+            Run.attempt == ctx.fence.attempt,  # type: ignore[arg-type]
+        )
+        .values(**values, version=Run.version + 1)
+    )
+    if not result.rowcount:
+        raise LeaseLost(ctx.run_id)
