@@ -1,28 +1,33 @@
 from __future__ import annotations
 
+import json
 import math
 import uuid
 
-from sqlalchemy.dialects.postgresql import insert
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from app.metrics.models import MetricPoint
+_RECORD = text(
+    """
+    INSERT INTO metric_points (run_id, step, name, value)
+    SELECT :run_id, :step, m.key, m.value::float8
+      FROM jsonb_each(CAST(:values AS jsonb)) AS m(key, value)
+    ON CONFLICT (run_id, name, step) DO UPDATE SET value = EXCLUDED.value
+    """
+)
 
 
 async def record(
     session: AsyncSession, run_id: uuid.UUID, step: int, values: dict[str, float]
 ) -> None:
-    """Store one value per metric name at ``step`` (a redone step overwrites)."""
-    rows = [
-        {"run_id": run_id, "step": step, "name": name[:128], "value": float(value)}
+    """Store one value per metric name at ``step`` (a redone step overwrites). One
+    statement, the values as one JSON parameter: the training loop calls this every step."""
+    finite = {
+        name[:128]: float(value)
         for name, value in values.items()
         if isinstance(value, int | float) and math.isfinite(value)
-    ]
-    if not rows:
-        return
-    stmt = insert(MetricPoint).values(rows)
-    await session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["run_id", "name", "step"], set_={"value": stmt.excluded.value}
+    }
+    if finite:
+        await session.execute(
+            _RECORD, {"run_id": run_id, "step": step, "values": json.dumps(finite)}
         )
-    )

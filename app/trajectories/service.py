@@ -6,14 +6,12 @@ rows, so a resumed run has neither duplicates nor holes.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
 from sqlalchemy import text
-from sqlalchemy.dialects.postgresql import insert
 from sqlalchemy.ext.asyncio import AsyncSession
-
-from app.trajectories.models import Trajectory
 
 
 def storable(value: Any) -> Any:
@@ -28,40 +26,45 @@ def storable(value: Any) -> Any:
     return value
 
 
+_UPSERT_ROLLOUTS = text(
+    """
+    INSERT INTO trajectories (id, run_id, step, group_index, rollout_index, task_input_id,
+                              messages, reward, reward_breakdown, metadata)
+    SELECT gen_random_uuid(), :run_id, :step, r.group_index, r.rollout_index, r.task_input_id,
+           r.messages, NULL, '{}'::jsonb, coalesce(r.metadata, '{}'::jsonb)
+      FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+           AS r(group_index int, rollout_index int, task_input_id uuid, messages jsonb,
+                metadata jsonb)
+    ON CONFLICT (run_id, step, group_index, rollout_index) DO UPDATE
+       SET task_input_id = EXCLUDED.task_input_id, messages = EXCLUDED.messages,
+           metadata = EXCLUDED.metadata, reward = NULL, reward_breakdown = '{}'::jsonb
+    """
+)
+
+
 async def upsert_rollouts(
     session: AsyncSession, run_id: uuid.UUID, step: int, rollouts: list[dict[str, Any]]
 ) -> None:
     """Store one step's rollouts (``group_index``, ``rollout_index``, ``messages``,
-    ``task_input_id``, ``metadata``), replacing any earlier attempt at the same step."""
-    if not rollouts:
-        return
-    rows = [
-        {
-            "run_id": run_id,
-            "step": step,
-            "group_index": r["group_index"],
-            "rollout_index": r["rollout_index"],
-            "task_input_id": r.get("task_input_id"),
-            "messages": storable(r["messages"]),
-            "meta": storable(r.get("metadata", {})),
-            "reward": None,
-            "reward_breakdown": {},
-        }
-        for r in rollouts
-    ]
-    stmt = insert(Trajectory).values(rows)
-    await session.execute(
-        stmt.on_conflict_do_update(
-            index_elements=["run_id", "step", "group_index", "rollout_index"],
-            set_={
-                "task_input_id": stmt.excluded.task_input_id,
-                "messages": stmt.excluded.messages,
-                "metadata": stmt.excluded.metadata,
-                "reward": None,
-                "reward_breakdown": {},
-            },
+    ``task_input_id``, ``metadata``), replacing any earlier attempt at the same step.
+
+    One statement with the rows as a single JSON parameter: a step's worth of rows costs one
+    bind, not one per value (the training loop calls this every step)."""
+    if rollouts:
+        rows = [
+            {
+                "group_index": r["group_index"],
+                "rollout_index": r["rollout_index"],
+                "task_input_id": str(r["task_input_id"]) if r.get("task_input_id") else None,
+                "messages": r["messages"],
+                "metadata": r.get("metadata", {}),
+            }
+            for r in rollouts
+        ]
+        await session.execute(
+            _UPSERT_ROLLOUTS,
+            {"rows": json.dumps(storable(rows)), "run_id": run_id, "step": step},
         )
-    )
 
 
 _SET_REWARDS = text(
@@ -80,8 +83,6 @@ async def set_rewards(
     session: AsyncSession, run_id: uuid.UUID, step: int, rewards: list[dict[str, Any]]
 ) -> None:
     """Attach ``reward`` and ``breakdown`` to the step's rows (by group and rollout)."""
-    import json
-
     if rewards:
         await session.execute(
             _SET_REWARDS,

@@ -33,7 +33,7 @@ from app.checkpoints import service as checkpoints
 from app.events import service as events
 from app.metrics import service as metrics
 from app.runs.models import Run
-from app.runs.state import LeaseLost, transition
+from app.runs.state import LeaseLost, advance, transition
 from app.runs.status import RunStatus
 from app.trajectories import service as trajectories
 from workers.context import RunContext, StopRequested
@@ -156,7 +156,11 @@ class StepBridge:
             }
             for i in range(len(texts))
         ]
-        self.writes.submit(lambda: self._store_rollouts(step, rollouts))
+        # A judge takes seconds: the rollouts are stored (and the run shows "scoring") while
+        # it works. Reward functions take microseconds: one transaction stores both.
+        instant = getattr(self.scorer, "instant", False)
+        if not instant:
+            self.writes.submit(lambda: self._store_rollouts(step, rollouts))
 
         scores = self.scorer.score(groups)
         rewards = [s.reward for row in scores for s in row]
@@ -168,34 +172,52 @@ class StepBridge:
             for gi, row in enumerate(scores)
             for ri, s in enumerate(row)
         ]
-        self.writes.submit(lambda: self._store_rewards(step, rows))
+        if instant:
+            self.writes.submit(lambda: self._store_scored_rollouts(step, rollouts, rows))
+        else:
+            self.writes.submit(lambda: self._store_rewards(step, rows))
         self.ctx.check(pause_ok=False)
         return rewards
 
-    # Each of these commits its data with the phase change, fenced by the transition.
+    # Each write commits its data with the phase change, fenced by the transition.
     async def _store_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         async with self.ctx.runtime.session() as session:
-            await trajectories.upsert_rollouts(session, self.ctx.run_id, step, rollouts)
-            await transition(
-                session,
-                self.ctx.run_id,
-                S.SCORING,
-                expected=S.COLLECTING,
-                fence=self.ctx.fence,
-                message=f"step {step}: {len(rollouts)} rollouts stored; scoring",
-            )
+            await self._rollouts_stored(session, step, rollouts)
 
     async def _store_rewards(self, step: int, rows: list[dict[str, Any]]) -> None:
         async with self.ctx.runtime.session() as session:
-            await trajectories.set_rewards(session, self.ctx.run_id, step, rows)
-            await transition(
-                session,
-                self.ctx.run_id,
-                S.TRAINING,
-                expected=S.SCORING,
-                fence=self.ctx.fence,
-                message=f"step {step}: rewards stored; training",
-            )
+            await self._rewards_stored(session, step, rows)
+
+    async def _store_scored_rollouts(
+        self, step: int, rollouts: list[dict[str, Any]], rows: list[dict[str, Any]]
+    ) -> None:
+        async with self.ctx.runtime.session() as session:
+            await self._rollouts_stored(session, step, rollouts)
+            await self._rewards_stored(session, step, rows)
+
+    async def _rollouts_stored(
+        self, session: Any, step: int, rollouts: list[dict[str, Any]]
+    ) -> None:
+        await trajectories.upsert_rollouts(session, self.ctx.run_id, step, rollouts)
+        await advance(
+            session,
+            self.ctx.run_id,
+            S.SCORING,
+            expected=S.COLLECTING,
+            fence=self.ctx.fence,
+            message=f"step {step}: {len(rollouts)} rollouts stored; scoring",
+        )
+
+    async def _rewards_stored(self, session: Any, step: int, rows: list[dict[str, Any]]) -> None:
+        await trajectories.set_rewards(session, self.ctx.run_id, step, rows)
+        await advance(
+            session,
+            self.ctx.run_id,
+            S.TRAINING,
+            expected=S.SCORING,
+            fence=self.ctx.fence,
+            message=f"step {step}: rewards stored; training",
+        )
 
 
 def make_callback(
@@ -283,7 +305,7 @@ def make_callback(
                 await metrics.record(session, ctx.run_id, step, values)
                 progress = {"step": step, "epoch": epoch, "metrics": summary}
                 if step < len(plan):
-                    await transition(
+                    await advance(
                         session,
                         ctx.run_id,
                         S.COLLECTING,
