@@ -1,0 +1,1559 @@
+#!/usr/bin/env python3
+"""The overhead of the service: a GRPO run driven through Trainyard vs the same TRL GRPO
+training written as a plain script (bench/grpo_script.py), on the same tiny model, inputs,
+settings and steps.
+
+Service: a run created with POST /runs and worked by one `trainyard worker --pool solo`;
+its time is claim → completed, both read from the run's events (the database clock), so
+process start-up and dispatch are left out. Script: GRPOTrainer construction (model load)
++ train() + save_model(), timed inside the script, imports left out. Repetitions are
+interleaved (script, service, script, service …) and compared by their medians. The
+results replace the section between the service-vs-script markers in docs/benchmarks.md
+and are printed. See bench/README.md.
+
+    .venv/bin/python bench/service_vs_script.py                  # 3 pairs of 100 steps
+    .venv/bin/python bench/service_vs_script.py --repeats 5 --profile
+    .venv/bin/python bench/service_vs_script.py --steps 20 --repeats 1 --output bench/out/b.md
+
+Needs PostgreSQL (trust or password auth; database bench_service is dropped and created)
+and Redis (db 12, keys under a prefix of their own). Standard library, httpx, psutil, yaml
+and, for --profile, py-spy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import datetime as dt
+import itertools
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+for _path in (str(BENCH), str(REPO)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# The process, database and report helpers of the API benchmark.
+from api_vs_mlflow import (  # noqa: E402
+    OUT,
+    BenchError,
+    Server,
+    free_port,
+    log,
+    machine_description,
+    pg_query,
+    pg_url_for,
+    recreate_database,
+    redis_command,
+    run_checked,
+    start_server,
+    stop_on_exit,
+    trainyard_version,
+    wait_for_quiet,
+    wait_ready,
+)
+
+MARK_START = "<!-- service-vs-script:start -->"
+MARK_END = "<!-- service-vs-script:end -->"
+PRESET = REPO / "configs" / "runs" / "letters.yaml"
+SCRIPT = BENCH / "grpo_script.py"
+STEP_WRITES = BENCH / "step_writes.py"
+DB_NAME = "bench_service"
+TERMINAL = {"completed", "failed", "cancelled"}
+TARGET = 1.15
+TABLES = ("trajectories", "metric_points", "run_events", "runs", "checkpoints", "task_inputs")
+
+
+# ------------------------------------------------------------------------------ settings
+
+
+def run_body(args: argparse.Namespace, model: Path, steps: int) -> dict[str, Any]:
+    """configs/runs/letters.yaml with this benchmark's overrides."""
+    body: dict[str, Any] = yaml.safe_load(PRESET.read_text())
+    n_inputs = len(body["inputs"])
+    groups = body["grpo"]["groups_per_step"]
+    per_epoch = math.ceil(n_inputs / groups)
+    body.update(
+        model_name=str(model),
+        max_steps=steps,
+        num_epochs=max(int(body.get("num_epochs", 1)), math.ceil(steps / per_epoch)),
+        trained_model_name=f"bench-{uuid.uuid4().hex[:8]}",
+    )
+    body["grpo"] = {
+        **body["grpo"],
+        "save_steps": args.save_steps,
+        "eval_steps": args.save_steps,  # no evaluation runs (no validation inputs)
+        "validation_fraction": 0.0,
+    }
+    return body
+
+
+def resolved(body: dict[str, Any]) -> dict[str, Any]:
+    """The run as the API stores it (every default filled in)."""
+    from app.runs.schemas import RunCreate
+
+    return RunCreate.model_validate(body).model_dump(mode="json")
+
+
+def planned_prompts(run: dict[str, Any]) -> list[str]:
+    """The input of each group, in the order Trainyard's step plan trains on them."""
+    from workers.pipeline.plan import PlannedInput, build_plan
+
+    train = [i for i in run["inputs"] if i.get("split", "train") == "train"]
+    plan = build_plan(
+        [PlannedInput(str(n), n, i["input_text"], i.get("context")) for n, i in enumerate(train)],
+        groups_per_step=run["grpo"]["groups_per_step"],
+        num_epochs=run["num_epochs"],
+        max_steps=run["max_steps"],
+        seed=run["grpo"]["seed"],
+    )
+    return [item.input_text for batch in plan for item in batch.items]
+
+
+def script_command(
+    run: dict[str, Any], model: Path, prompts_file: Path, output_dir: Path
+) -> list[str]:
+    """grpo_script.py with the run's settings; refuses settings the script does not mirror."""
+    g = run["grpo"]
+    unmirrored = {
+        "system_prompt": run["system_prompt"] is not None,
+        "grpo.lora": g.get("lora") is not None,
+        "grpo.top_k": g.get("top_k") is not None,
+        "grpo.min_p": g.get("min_p") is not None,
+        "grpo.repetition_penalty": g["repetition_penalty"] != 1.0,
+        "grpo.gradient_accumulation_steps": g["gradient_accumulation_steps"] != 1,
+        "grpo.gradient_checkpointing": bool(g["gradient_checkpointing"]),
+        "grpo.engine": g["engine"] != "transformers",
+        "reward": [f["name"] for f in run["reward"].get("functions", [])] != ["char_fraction"],
+    }
+    bad = [k for k, v in unmirrored.items() if v]
+    if bad:
+        raise BenchError(f"grpo_script.py does not mirror these run settings: {', '.join(bad)}")
+    char = run["reward"]["functions"][0].get("args", {}).get("char", "a")
+    return [
+        sys.executable,
+        str(SCRIPT),
+        "--model",
+        str(model),
+        "--steps",
+        str(run["max_steps"]),
+        "--prompts-file",
+        str(prompts_file),
+        "--output-dir",
+        str(output_dir),
+        "--rollouts-per-group",
+        str(run["rollouts_per_group"]),
+        "--groups-per-step",
+        str(g["groups_per_step"]),
+        "--learning-rate",
+        repr(run["learning_rate"]),
+        "--beta",
+        repr(g["beta"]),
+        "--temperature",
+        repr(g["temperature"]),
+        "--max-completion-length",
+        str(g["max_completion_length"]),
+        "--warmup",
+        repr(g["warmup_ratio"]),
+        "--weight-decay",
+        repr(g["weight_decay"]),
+        "--max-grad-norm",
+        repr(g["max_grad_norm"]),
+        "--loss-type",
+        g["loss_type"],
+        "--scale-rewards",
+        g["scale_rewards"],
+        "--top-p",
+        repr(g["top_p"]),
+        "--seed",
+        str(g["seed"]),
+        "--save-steps",
+        str(g["save_steps"]),
+        "--char",
+        char,
+    ]
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+@dataclasses.dataclass
+class Sample:
+    """One measured run of either side. Phases share their boundaries on both sides:
+    setup = start → step 1 begins; steps = step 1 begins → the last step's log;
+    finish = that → the end (last checkpoint, final model, and for the service its
+    records and the `completed` transition)."""
+
+    side: str
+    rep: int
+    seconds: float
+    setup_seconds: float
+    steps_seconds: float
+    finish_seconds: float
+    step_median: float
+    interval_median: float
+    final_reward: float | None
+    final_reward_last10: float | None
+    cpu_seconds: dict[str, float]
+    loadavg_before: tuple[float, float, float]
+    loadavg_after: tuple[float, float, float]
+    machine_busy_pct: float
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def machine_busy(before: Any, after: Any) -> float:
+    total = sum(getattr(after, k) - getattr(before, k) for k in before._fields)
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
+    return 100.0 * (1 - idle / total) if total > 0 else float("nan")
+
+
+def loadavg() -> tuple[float, float, float]:
+    one, five, fifteen = os.getloadavg()
+    return (round(one, 2), round(five, 2), round(fifteen, 2))
+
+
+def cpu_of(pids: list[int]) -> float:
+    """User + system CPU seconds of these processes (and their descendants)."""
+    total = 0.0
+    seen: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                if p.pid in seen:
+                    continue
+                seen.add(p.pid)
+                with contextlib.suppress(psutil.Error):
+                    t = p.cpu_times()
+                    total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
+class Database:
+    """Queries on the bench database through the API benchmark's tiny client."""
+
+    def __init__(self, admin_url: str) -> None:
+        self.url = pg_url_for(admin_url, DB_NAME, "postgresql")
+
+    def json(self, sql: str) -> Any:
+        rows = pg_query(self.url, sql)
+        return json.loads(rows[0]) if rows and rows[0] is not None else None
+
+    def backend_pids(self) -> list[int]:
+        return [
+            int(p)
+            for p in pg_query(
+                self.url,
+                f"SELECT pid FROM pg_stat_activity WHERE datname = '{DB_NAME}'"
+                " AND pid <> pg_backend_pid()",
+            )
+            if p
+        ]
+
+    def stats(self) -> dict[str, Any]:
+        return self.json(
+            "SELECT json_build_object("
+            "'db', (SELECT json_build_object('xact_commit', xact_commit, 'tup_inserted',"
+            " tup_inserted, 'tup_updated', tup_updated, 'tup_deleted', tup_deleted)"
+            f" FROM pg_stat_database WHERE datname = '{DB_NAME}'),"
+            "'tables', (SELECT json_object_agg(relname, json_build_object('ins', n_tup_ins,"
+            " 'upd', n_tup_upd, 'hot', n_tup_hot_upd, 'del', n_tup_del))"
+            " FROM pg_stat_user_tables))::text"
+        )
+
+    def events(self, run_id: str) -> list[dict[str, Any]]:
+        return (
+            self.json(
+                "SELECT coalesce(json_agg(json_build_object('id', id, 'type', type, 'message',"
+                " message, 'to', data->>'to', 'step', data->'step',"
+                " 't', extract(epoch FROM created_at)) ORDER BY id), '[]')::text"
+                f" FROM run_events WHERE run_id = '{run_id}'"
+            )
+            or []
+        )
+
+    def run_created(self, run_id: str) -> float:
+        return float(
+            pg_query(
+                self.url, f"SELECT extract(epoch FROM created_at) FROM runs WHERE id = '{run_id}'"
+            )[0]
+            or "nan"
+        )
+
+    def volume(self, run_id: str) -> dict[str, dict[str, int]]:
+        """Rows and their bytes (pg_column_size of the row) that the run left per table."""
+        out = {}
+        for table, key in (
+            ("trajectories", "run_id"),
+            ("metric_points", "run_id"),
+            ("run_events", "run_id"),
+            ("checkpoints", "run_id"),
+            ("task_inputs", "run_id"),
+            ("runs", "id"),
+        ):
+            out[table] = self.json(
+                "SELECT json_build_object('rows', count(*), 'bytes',"
+                f" coalesce(sum(pg_column_size(t.*)), 0))::text FROM {table} t"
+                f" WHERE t.{key} = '{run_id}'"
+            )
+        return out
+
+    def trained_order(self, run_id: str) -> list[str]:
+        return (
+            self.json(
+                "SELECT coalesce(json_agg(i.input_text ORDER BY t.step, t.group_index),"
+                " '[]')::text FROM trajectories t JOIN task_inputs i ON i.id = t.task_input_id"
+                f" WHERE t.run_id = '{run_id}' AND t.rollout_index = 0"
+            )
+            or []
+        )
+
+    def checkpoints(self, run_id: str) -> list[str]:
+        rows = (
+            self.json(
+                "SELECT coalesce(json_agg(json_build_object('step', step, 'final', is_final)"
+                f" ORDER BY is_final, step), '[]')::text FROM checkpoints WHERE run_id = '{run_id}'"
+            )
+            or []
+        )
+        return [f"final ({r['step']})" if r["final"] else str(r["step"]) for r in rows]
+
+
+def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:
+    db = {k: after["db"][k] - before["db"][k] for k in after["db"]}
+    tables = {}
+    for name, now in (after.get("tables") or {}).items():
+        was = (before.get("tables") or {}).get(name, {})
+        tables[name] = {k: now[k] - was.get(k, 0) for k in now}
+    return {"db": db, "tables": tables}
+
+
+class Services:
+    """The API and one worker on a fresh database, plus what it takes to measure a run."""
+
+    def __init__(self, args: argparse.Namespace, servers: list[Server], home: Path) -> None:
+        self.args = args
+        self.servers = servers
+        self.home = home
+        self.db = Database(args.pg_url)
+        self.env = dict(os.environ)
+        self.env.update(
+            TRAINYARD_HOME=str(home),
+            TRAINYARD_ARTIFACTS_DIR=str(home / "artifacts"),
+            TRAINYARD_DATABASE_URL=pg_url_for(args.pg_url, DB_NAME, "postgresql+asyncpg"),
+            TRAINYARD_REDIS_URL=args.redis_url,
+            TRAINYARD_BROKER_PREFIX=args.broker_prefix,
+            HF_HUB_OFFLINE="1",
+        )
+        self.env.update(thread_env(args))
+        self.key = ""
+        self.api: Server | None = None
+        self.worker: Server | None = None
+
+    def start(self) -> None:
+        args = self.args
+        trainyard = str(args.trainyard_bin)
+        recreate_database(args.pg_url, DB_NAME)
+        clear_broker_keys(args.redis_url, args.broker_prefix)
+        run_checked([trainyard, "db", "upgrade"], env=self.env, what=f"migrating {DB_NAME}")
+        out = run_checked(
+            [trainyard, "keys", "create", "--project", "bench"],
+            env=self.env,
+            what="creating an API key",
+        )
+        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        if not lines:
+            raise BenchError("`trainyard keys create` printed nothing; expected the key last")
+        self.key = lines[-1]
+        port = free_port()
+        self.api = start_server(
+            "svs-api",
+            [trainyard, "api", "--host", "127.0.0.1", "--port", str(port)],
+            env=self.env,
+            cwd=REPO,
+            base_url=f"http://127.0.0.1:{port}",
+        )
+        self.servers.append(self.api)
+        wait_ready(self.api, "/healthz", timeout=args.start_timeout)
+        self.worker = start_server(
+            "svs-worker",
+            [trainyard, "worker", "--pool", "solo"],
+            env=self.env,
+            cwd=REPO,
+            base_url="",
+        )
+        self.servers.append(self.worker)
+        wait_for_log(self.worker, re.compile(r"\bready\.?\s*$", re.M), args.start_timeout)
+
+    def client(self) -> httpx.Client:
+        assert self.api is not None
+        return httpx.Client(
+            base_url=self.api.base_url,
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=30.0,
+        )
+
+    def create_and_wait(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
+        """POST the run and poll it until it ends; returns the run and the wall time."""
+        assert self.worker is not None
+        with self.client() as client:
+            t0 = time.monotonic()
+            r = client.post("/runs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+            if r.status_code != 202:
+                raise BenchError(f"POST /runs answered {r.status_code}: {r.text[:1000]}")
+            run = r.json()
+            deadline = t0 + self.args.run_timeout
+            while run["status"] not in TERMINAL:
+                if time.monotonic() > deadline:
+                    raise BenchError(
+                        f"run {run['id']} still {run['status']} after {self.args.run_timeout:.0f}"
+                        f" s; last lines of {self.worker.log_path}:\n{self.worker.tail()}"
+                    )
+                if self.worker.proc.poll() is not None:
+                    raise BenchError(
+                        f"the worker exited with {self.worker.proc.returncode}; last lines of"
+                        f" {self.worker.log_path}:\n{self.worker.tail()}"
+                    )
+                time.sleep(self.args.poll_interval)
+                r = client.get(f"/runs/{run['id']}")
+                r.raise_for_status()
+                run = r.json()
+            wall = time.monotonic() - t0
+        if run["status"] != "completed":
+            raise BenchError(
+                f"run {run['id']} ended {run['status']}: {run.get('error')}; worker log:"
+                f" {self.worker.log_path}"
+            )
+        return run, wall
+
+    def metrics(self, run_id: str, *names: str) -> dict[str, list[tuple[int, float]]]:
+        with self.client() as client:
+            r = client.get(f"/runs/{run_id}/metrics", params=[("name", n) for n in names])
+            r.raise_for_status()
+            return {
+                s["name"]: [(p["step"], p["value"]) for p in s["points"]]
+                for s in r.json()["series"]
+            }
+
+
+def pipeline_version(path: Path) -> str:
+    """training.py's hash and how it writes (the training thread waits, or write-behind)."""
+    import hashlib
+
+    text = path.read_text()
+    mode = "write-behind" if "WriteBehind" in text else "synchronous writes"
+    return f"training.py {hashlib.sha256(text.encode()).hexdigest()[:10]} ({mode})"
+
+
+def thread_env(args: argparse.Namespace) -> dict[str, str]:
+    """torch's intra-op threads, the same on both sides (0: torch's default, one per core)."""
+    if not args.torch_threads:
+        return {}
+    n = str(args.torch_threads)
+    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
+
+
+def wait_for_log(server: Server, pattern: re.Pattern[str], timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if server.proc.poll() is not None:
+            raise BenchError(
+                f"{server.name} exited with {server.proc.returncode} while starting; last lines"
+                f" of {server.log_path}:\n{server.tail()}"
+            )
+        with contextlib.suppress(OSError):
+            if pattern.search(server.log_path.read_text(errors="replace")):
+                server.remember_children()
+                return
+        time.sleep(0.5)
+    raise BenchError(
+        f"{server.name} not ready within {timeout:.0f} s; last lines of {server.log_path}:\n"
+        f"{server.tail()}"
+    )
+
+
+def clear_broker_keys(redis_url: str, prefix: str) -> None:
+    """Delete the Redis keys under our Celery prefix (never the whole db: it is shared)."""
+    if not prefix:
+        raise BenchError("--broker-prefix must not be empty (Redis db is shared)")
+    pattern = re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*"
+    script = (
+        "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do"
+        " redis.call('DEL', k) n = n + 1 end return n"
+    )
+    redis_command(redis_url, "EVAL", script, "0", pattern)
+
+
+def phase_times(
+    events: list[dict[str, Any]], step1_seconds: float | None = None
+) -> dict[str, float]:
+    """Claim, step 1 begins, last step logged, completed: DB-clock times from the events.
+
+    Step 1 begins at its `step` event minus its `step_seconds` (the worker measures that
+    from on_step_begin to the step's log, as the script does); without the metric, at the
+    first `collecting` event (whose place in the code has moved over time)."""
+    claimed = next(
+        float(e["t"])
+        for e in events
+        if e["type"] == "lease" and str(e["message"]).startswith("claimed by")
+    )
+    completed = next(
+        float(e["t"]) for e in events if e["type"] == "status" and e["to"] == "completed"
+    )
+    first_step = next(
+        float(e["t"]) for e in events if e["type"] == "status" and e["to"] == "collecting"
+    )
+    step_events = [float(e["t"]) for e in events if e["type"] == "step"]
+    if step_events and step1_seconds is not None:
+        first_step = step_events[0] - step1_seconds
+    return {
+        "claimed": claimed,
+        "first_step": first_step,
+        "last_step": step_events[-1] if step_events else completed,
+        "completed": completed,
+        "step_intervals": [b - a for a, b in itertools.pairwise(step_events)],
+    }
+
+
+def measure_service(
+    services: Services, body: dict[str, Any], prompts: list[str], rep: int, *, settle: bool = True
+) -> Sample:
+    args = services.args
+    assert services.worker is not None and services.api is not None
+    if settle:
+        wait_for_quiet(args.settle_timeout)
+    stats_before = services.db.stats()
+    pg_pids = services.db.backend_pids()
+    procs = {"worker": [services.worker.proc.pid], "api": [services.api.proc.pid]}
+    cpu_before = {k: cpu_of(v) for k, v in procs.items()}
+    pg_before = {pid: cpu_of([pid]) for pid in pg_pids}
+    load_before, machine_before = loadavg(), psutil.cpu_times()
+    run, _ = services.create_and_wait(body)
+    load_after, machine_after = loadavg(), psutil.cpu_times()
+    cpu = {k: cpu_of(v) - cpu_before[k] for k, v in procs.items()}
+    # Backends of the bench database; pooled connections live across the run.
+    pg_after_pids = services.db.backend_pids()
+    cpu["postgres"] = sum(cpu_of([p]) - pg_before.get(p, 0.0) for p in pg_after_pids)
+    run_id = run["id"]
+    events = services.db.events(run_id)
+    series = services.metrics(run_id, "step_seconds", "reward_mean")
+    step_seconds = [v for _, v in series.get("step_seconds", [])]
+    step1 = next((v for n, v in series.get("step_seconds", []) if n == 1), None)
+    ph = phase_times(events, step1)
+    rewards = [v for _, v in series.get("reward_mean", [])]
+    order = services.db.trained_order(run_id)
+    volume = services.db.volume(run_id)
+    checkpoints = services.db.checkpoints(run_id)
+    # Backends flush their statistics when idle, at most every 10 s (PostgreSQL 15).
+    time.sleep(args.stats_wait)
+    stats = stats_delta(stats_before, services.db.stats())
+    if order != prompts:
+        log(f"WARNING: run {run_id} trained on its inputs in another order than the script")
+    sample = Sample(
+        side="service",
+        rep=rep,
+        seconds=ph["completed"] - ph["claimed"],
+        setup_seconds=ph["first_step"] - ph["claimed"],
+        steps_seconds=ph["last_step"] - ph["first_step"],
+        finish_seconds=ph["completed"] - ph["last_step"],
+        step_median=statistics.median(step_seconds) if step_seconds else float("nan"),
+        interval_median=(
+            statistics.median(ph["step_intervals"]) if ph["step_intervals"] else float("nan")
+        ),
+        final_reward=rewards[-1] if rewards else None,
+        final_reward_last10=statistics.fmean(rewards[-10:]) if rewards else None,
+        cpu_seconds=cpu,
+        loadavg_before=load_before,
+        loadavg_after=load_after,
+        machine_busy_pct=machine_busy(machine_before, machine_after),
+        extra={
+            "run_id": run_id,
+            "steps": run["step"],
+            "dispatch_seconds": ph["claimed"] - services.db.run_created(run_id),
+            "same_order_as_script": order == prompts,
+            "checkpoints": checkpoints,
+            "volume": volume,
+            "pg_stats": stats,
+            "events": len(events),
+        },
+    )
+    log_sample(sample)
+    return sample
+
+
+def measure_script(
+    args: argparse.Namespace,
+    servers: list[Server],
+    cmd: list[str],
+    rep: int,
+    *,
+    settle: bool = True,
+    wrap: list[str] | None = None,
+    label: str | None = None,
+) -> Sample:
+    if settle:
+        wait_for_quiet(args.settle_timeout)
+    label = label or f"svs-script-{rep}"
+    load_before, machine_before = loadavg(), psutil.cpu_times()
+    full = [*(wrap or []), *cmd]
+    log(f"script (rep {rep}): {shlex.join(full)}")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **thread_env(args)}
+    script = start_server(label, full, env=env, cwd=REPO, base_url="")
+    servers.append(script)
+    try:
+        deadline = time.monotonic() + args.run_timeout
+        while script.proc.poll() is None:
+            if time.monotonic() > deadline:
+                raise BenchError(f"{label} still running after {args.run_timeout:.0f} s")
+            time.sleep(0.5)
+    finally:
+        script.stop()
+        servers.remove(script)
+    load_after, machine_after = loadavg(), psutil.cpu_times()
+    lines = script.log_path.read_text(errors="replace").splitlines()
+    result = None
+    for line in reversed(lines):
+        if line.startswith("{") and '"total_seconds"' in line:
+            result = json.loads(line)
+            break
+    if script.proc.returncode != 0 or result is None:
+        raise BenchError(
+            f"{label} exited with {script.proc.returncode} and no result; last lines of"
+            f" {script.log_path}:\n{script.tail()}"
+        )
+    rewards = result["step_rewards"]
+    sample = Sample(
+        side="script",
+        rep=rep,
+        seconds=result["total_seconds"],
+        setup_seconds=result["first_step_seconds"],
+        steps_seconds=result["last_step_seconds"] - result["first_step_seconds"],
+        finish_seconds=result["total_seconds"] - result["last_step_seconds"],
+        step_median=result["step_seconds_median"],
+        interval_median=result["step_interval_median"],
+        final_reward=rewards[-1] if rewards else None,
+        final_reward_last10=statistics.fmean(rewards[-10:]) if rewards else None,
+        cpu_seconds={"script": result["cpu_seconds"]},
+        loadavg_before=load_before,
+        loadavg_after=load_after,
+        machine_busy_pct=machine_busy(machine_before, machine_after),
+        extra={
+            "steps": result["steps"],
+            "load_seconds": result["load_seconds"],
+            "train_seconds": result["train_seconds"],
+            "save_seconds": result["save_seconds"],
+            "checkpoints": result["checkpoints"],
+            "final_model": bool(result["final_model"]),
+            "versions": result["versions"],
+            "torch_threads": result["torch_threads"],
+        },
+    )
+    log_sample(sample)
+    return sample
+
+
+def log_sample(s: Sample) -> None:
+    reward = "n/a" if s.final_reward is None else f"{s.final_reward:.3f}"
+    log(
+        f"  -> {s.side} rep {s.rep}: {s.seconds:.1f} s (setup {s.setup_seconds:.2f}, steps"
+        f" {s.steps_seconds:.1f}, finish {s.finish_seconds:.2f}), step median"
+        f" {s.step_median * 1e3:.0f} ms, final reward {reward}, load {s.loadavg_before[0]:.2f}"
+        f"→{s.loadavg_after[0]:.2f}, machine {s.machine_busy_pct:.0f}% busy"
+    )
+
+
+# ------------------------------------------------------------------------------ py-spy
+
+
+PYSPY_RATE = 100
+TRAINING_LOOP = "_inner_training_loop"
+DB_CALL = re.compile(r"\b_(\w+)\(")
+TRAINING_PY = REPO / "workers" / "pipeline" / "training.py"
+SNAPSHOT = OUT / "svs-training-loaded.py"  # training.py as the worker imported it
+# Where the training thread hands a write to the worker's event loop and waits for it:
+# ``StepBridge.db`` (synchronous writes), ``Runtime.run``, or a write-behind queue's
+# ``flush``/``check``/``submit`` when it has to wait.
+WAIT_FRAMES = (
+    ("db", "pipeline/training.py"),
+    ("run", "workers/runtime.py"),
+    ("flush", "pipeline/writes.py"),
+    ("check", "pipeline/writes.py"),
+    ("submit", "pipeline/writes.py"),
+)
+
+
+def frame_parts(frame: str) -> tuple[str, str, int]:
+    m = re.match(r"(.*) \((.*):(\d+)\)$", frame)
+    return (m.group(1), m.group(2), int(m.group(3))) if m else (frame, "", 0)
+
+
+def classify(frames: list[str], source: list[str]) -> str:
+    """What the training thread is doing in one sample (outermost frame first)."""
+
+    def waits(frame: str) -> str | None:
+        name, path, _ = frame_parts(frame)
+        short = name.rsplit(".", 1)[-1]
+        return short if any(short == n and path.endswith(f) for n, f in WAIT_FRAMES) else None
+
+    for i in range(len(frames) - 1, 0, -1):  # the innermost wait on a database write wins
+        short = waits(frames[i])
+        if short:
+            while i > 1 and waits(frames[i - 1]):  # StepBridge.db → Runtime.run: take db
+                i -= 1
+                short = waits(frames[i]) or short
+            path = frame_parts(frames[i])[1]
+            caller, caller_path, line = frame_parts(frames[i - 1])
+            what = caller.rsplit(".", 1)[-1]
+            text = source[line - 1] if 0 < line <= len(source) else ""
+            if caller_path.endswith("pipeline/training.py") and "db(" in text:
+                m = DB_CALL.search(text.split("db(", 1)[1])
+                what = m.group(1) if m else what
+            if path.endswith("pipeline/writes.py"):
+                what = f"write-behind {short}() in {what}"
+            return f"database: {what}"
+    names = [frame_parts(f)[0] for f in frames]
+    joined = ";".join(frames)
+    if any(n.endswith("free_memory") for n in names):
+        return "end of train(): free_memory (gc)"
+    if any(n.endswith("_save_checkpoint") or n.endswith("save_model") for n in names):
+        return "checkpoint / model save"
+    if any(n.split(".")[-1] == "generate" for n in names):
+        return "generation"
+    if any(n.endswith("_calculate_rewards") for n in names):
+        return "reward function (other)"
+    if "backward" in joined:
+        return "backward"
+    if any("torch/optim" in f for f in frames):
+        return "optimizer"
+    if any(n.endswith("compute_loss") for n in names):
+        return "loss forward"
+    if any("RunCallback" in n or "StepBridge" in n for n in names):
+        return "Trainyard callbacks (other)"
+    return "other"
+
+
+def profile_breakdown(path: Path) -> dict[str, float]:
+    """Seconds of the training thread per activity, from py-spy's raw output (--idle, so
+    every sample is wall time)."""
+    loaded = SNAPSHOT if SNAPSHOT.exists() else TRAINING_PY
+    source = loaded.read_text().splitlines() if loaded.exists() else []
+    counts: collections.Counter[str] = collections.Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if TRAINING_LOOP not in stack or not count.isdigit():
+            continue
+        counts[classify(stack.split(";")[1:], source)] += int(count)
+    return {k: v / PYSPY_RATE for k, v in counts.most_common()}
+
+
+WRITE_WHAT = {
+    "_begin_step": "status → `collecting` (a transaction of its own in older code)",
+    "_store_rollouts": "the step's rollouts + status → `scoring`",
+    "_store_rewards": "their rewards + status → `training`",
+    "_finish_step": "the step's metrics, the run's progress and summary, a `step` event",
+}
+OWN_FRAME = re.compile(r"\((?:app|workers)/[^)]*\)$")
+
+
+def short_name(frame: str) -> str:
+    return frame_parts(frame)[0].rsplit(".", 1)[-1]
+
+
+def top(counts: collections.Counter[str], n: int) -> dict[str, float]:
+    """The n largest as seconds, the rest summed into one entry."""
+    out = {k: v / PYSPY_RATE for k, v in counts.most_common(n)}
+    rest = counts.most_common()[n:]
+    if rest:
+        out[f"{len(rest)} more"] = sum(v for _, v in rest) / PYSPY_RATE
+    return out
+
+
+def db_thread_breakdown(path: Path) -> dict[str, dict[str, float]]:
+    """Seconds the worker's event-loop thread (``trainyard-db``, which runs every database
+    call) was busy in Python, not waiting in the selector: by the library of its innermost
+    frame, and by Trainyard call site (the pipeline's write → the innermost Trainyard
+    function, e.g. ``_begin_step → renew``)."""
+    by_lib: collections.Counter[str] = collections.Counter()
+    by_site: collections.Counter[str] = collections.Counter()
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        if "trainyard-db" not in frames[0] or not count.isdigit():
+            continue
+        if any(f.startswith(("select (selectors.py", "EpollSelector.select")) for f in frames):
+            continue  # idle: waiting on PostgreSQL, or for work
+        n = int(count)
+        leaf = frame_parts(frames[-1])[1]
+        if "sqlalchemy/orm" in leaf:
+            by_lib["SQLAlchemy ORM"] += n
+        elif "sqlalchemy/sql" in leaf:
+            by_lib["SQLAlchemy statement building, cache keys, compiling"] += n
+        elif "sqlalchemy" in leaf:
+            by_lib["SQLAlchemy engine, pool, dialect"] += n
+        elif "asyncpg" in leaf:
+            by_lib["asyncpg"] += n
+        elif "asyncio" in leaf:
+            by_lib["asyncio, sockets"] += n
+        else:
+            by_lib["other Python"] += n
+        own = [f for f in frames if OWN_FRAME.search(f)]
+        sites = [f for f in own if re.search(r"\._(store_|begin_|finish_|record_)", f)]
+        if sites:
+            site, inner = short_name(sites[0]), short_name(own[-1])
+            by_site[site if inner == site else f"{site} → {inner}"] += n
+        elif own:
+            by_site[f"other: {short_name(own[0])} → {short_name(own[-1])}"] += n
+        else:  # SQLAlchemy runs the statement in a greenlet: no Trainyard frame above it
+            names = ";".join(frame_parts(f)[0] for f in frames)
+            if "_BulkORMInsert" in names:
+                by_site["SQLAlchemy greenlet: INSERTs (rollouts, metrics, events)"] += n
+            elif "_BulkORMUpdate" in names:
+                by_site["SQLAlchemy greenlet: UPDATEs of the run (renewals, transitions)"] += n
+            elif "greenlet" in names or "Session." in names or "AsyncAdapt" in names:
+                by_site["SQLAlchemy greenlet: other statements, commits"] += n
+            else:
+                by_site["event-loop callbacks (socket reads, futures)"] += n
+    return {
+        "library": {k: v / PYSPY_RATE for k, v in by_lib.most_common()},
+        "site": top(by_site, 12),
+    }
+
+
+def commit_probe(admin_url: str, n: int = 200) -> dict[str, float]:
+    """Median latency (s) on the bench database of a round trip, and of a one-row UPDATE
+    committed with synchronous_commit on and off (asyncpg, one connection)."""
+    import asyncio
+
+    import asyncpg
+
+    async def go() -> dict[str, float]:
+        conn = await asyncpg.connect(pg_url_for(admin_url, DB_NAME, "postgresql"))
+        out: dict[str, float] = {}
+        try:
+            await conn.execute("CREATE TABLE IF NOT EXISTS svs_probe (id int PRIMARY KEY, v int)")
+            await conn.execute("INSERT INTO svs_probe VALUES (1, 0) ON CONFLICT DO NOTHING")
+
+            async def tx(sync: str) -> None:
+                async with conn.transaction():
+                    await conn.execute(f"SET LOCAL synchronous_commit TO {sync}")
+                    await conn.execute("UPDATE svs_probe SET v = v + 1 WHERE id = 1")
+
+            for label, fn in (
+                ("round trip (SELECT 1)", lambda: conn.fetchval("SELECT 1")),
+                ("UPDATE + COMMIT, synchronous_commit on", lambda: tx("on")),
+                ("UPDATE + COMMIT, synchronous_commit off", lambda: tx("off")),
+            ):
+                times = []
+                for _ in range(n):
+                    t = time.perf_counter()
+                    await fn()
+                    times.append(time.perf_counter() - t)
+                out[label] = statistics.median(times)
+            await conn.execute("DROP TABLE svs_probe")
+        finally:
+            await conn.close()
+        return out
+
+    return asyncio.run(go())
+
+
+def step_writes(
+    args: argparse.Namespace, servers: list[Server], services: Services, run_id: str
+) -> dict[str, Any]:
+    """bench/step_writes.py on a completed run: each per-step write replayed alone."""
+    cmd = [sys.executable, str(STEP_WRITES), "--run-id", run_id, "--steps", "50"]
+    log(f"replaying one step's writes: {shlex.join(cmd)}")
+    proc = start_server("svs-step-writes", cmd, env=services.env, cwd=REPO, base_url="")
+    servers.append(proc)
+    try:
+        proc.proc.wait(timeout=args.run_timeout)
+    finally:
+        proc.stop()
+        servers.remove(proc)
+    lines = proc.log_path.read_text(errors="replace").splitlines()
+    if proc.proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
+        raise BenchError(f"step_writes.py failed; last lines of {proc.log_path}:\n{proc.tail()}")
+    return dict(json.loads(lines[-1]))
+
+
+def profile_pair(
+    args: argparse.Namespace,
+    servers: list[Server],
+    services: Services,
+    body: dict[str, Any],
+    prompts: list[str],
+    cmd: list[str],
+) -> dict[str, Any]:
+    pyspy = shutil.which("py-spy", path=str(REPO / ".venv" / "bin")) or shutil.which("py-spy")
+    if not pyspy:
+        raise BenchError("--profile needs py-spy (.venv/bin/py-spy)")
+    assert services.worker is not None
+    flags = ["--rate", str(PYSPY_RATE), "--format", "raw", "--threads", "--idle", "--nonblocking"]
+    script_raw = OUT / "svs-profile-script.txt"
+    worker_raw = OUT / "svs-profile-worker.txt"
+    script = measure_script(
+        args,
+        servers,
+        cmd,
+        0,
+        wrap=[pyspy, "record", *flags, "-o", str(script_raw), "--"],
+        label="svs-script-profile",
+    )
+    wait_for_quiet(args.settle_timeout)
+    spy = start_server(
+        "svs-pyspy",
+        [pyspy, "record", *flags, "-o", str(worker_raw), "--pid", str(services.worker.proc.pid)],
+        env=dict(os.environ),
+        cwd=REPO,
+        base_url="",
+    )
+    servers.append(spy)
+    try:
+        time.sleep(2.0)  # py-spy attaches
+        service = measure_service(services, body, prompts, 0, settle=False)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(spy.pgid, signal.SIGINT)  # py-spy writes its file on SIGINT
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            spy.proc.wait(timeout=60)
+        spy.stop()
+        servers.remove(spy)
+    if not worker_raw.exists() or not script_raw.exists():
+        raise BenchError(f"py-spy wrote no profile; see {spy.log_path}")
+    writes = step_writes(args, servers, services, service.extra["run_id"])
+    # Is it the database, or a second busy Python thread? The plain script, back to back,
+    # without and with a thread burning what the worker's event-loop thread burned.
+    db = db_thread_breakdown(worker_raw)
+    busy_ms = round(sum(db["library"].values()) / max(service.extra["steps"], 1) * 1e3)
+    gil = {"busy_ms_per_100ms": busy_ms}
+    if busy_ms > 0:
+        plain, loaded = [], []
+        for i in (1, 2):  # interleaved, medians of two
+            plain.append(measure_script(args, servers, cmd, 0, label=f"svs-script-plain-{i}"))
+            loaded.append(
+                measure_script(
+                    args,
+                    servers,
+                    [*cmd, "--busy-thread-ms", str(busy_ms)],
+                    0,
+                    label=f"svs-script-busy-{i}",
+                )
+            )
+        gil.update(
+            plain_seconds=statistics.median(s.seconds for s in plain),
+            busy_seconds=statistics.median(s.seconds for s in loaded),
+        )
+    return {
+        "gil": gil,
+        "db_thread": db,
+        "write_behind": SNAPSHOT.exists() and "WriteBehind" in SNAPSHOT.read_text(),
+        "step_writes": writes,
+        "script": profile_breakdown(script_raw),
+        "service": profile_breakdown(worker_raw),
+        "commit_probe": commit_probe(args.pg_url),
+        "script_steps": script.extra["steps"],
+        "service_steps": service.extra["steps"],
+        "script_seconds": script.seconds,
+        "service_seconds": service.seconds,
+    }
+
+
+# ------------------------------------------------------------------------------ report
+
+
+def med(samples: list[Sample], get: Any) -> float:
+    values = [v for v in (get(s) for s in samples) if v is not None and not math.isnan(v)]
+    return statistics.median(values) if values else float("nan")
+
+
+def fmt_s(v: float) -> str:
+    if math.isnan(v):
+        return "n/a"
+    return f"{v:.1f} s" if v >= 10 else f"{v:.2f} s"
+
+
+def fmt_ms(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v * 1e3:.0f} ms"
+
+
+def fmt_r(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.3f}"
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b and not math.isnan(a) and not math.isnan(b) else "n/a"
+
+
+def render_table(script: list[Sample], service: list[Sample]) -> str:
+    def row(label: str, get: Any, fmt: Any, with_ratio: bool = True) -> str:
+        a, b = med(script, get), med(service, get)
+        return f"| {label} | {fmt(a)} | {fmt(b)} | {ratio(b, a) if with_ratio else ''} |"
+
+    def spread(samples: list[Sample]) -> str:
+        values = sorted(s.seconds for s in samples)
+        return f"{fmt_s(statistics.median(values))} ({values[0]:.1f}–{values[-1]:.1f})"
+
+    def cpu(s: Sample) -> float:
+        return sum(s.cpu_seconds.values())
+
+    a, b = med(script, lambda s: s.seconds), med(service, lambda s: s.seconds)
+    return "\n".join(
+        [
+            "| median of the repetitions | plain TRL script | Trainyard service"
+            " | service / script |",
+            "|---|---:|---:|---:|",
+            f"| **total** (min–max) | {spread(script)} | {spread(service)} | **{ratio(b, a)}** |",
+            row("setup: start → step 1 begins (model load)", lambda s: s.setup_seconds, fmt_s),
+            row("steps: step 1 begins → last step logged", lambda s: s.steps_seconds, fmt_s),
+            row(
+                "finish: → end (checkpoint, final model, records)",
+                lambda s: s.finish_seconds,
+                fmt_s,
+            ),
+            row("step, median (`step_seconds`)", lambda s: s.step_median, fmt_ms),
+            row(
+                "step to step, median (`step` events; script: `on_log`)",
+                lambda s: s.interval_median,
+                fmt_ms,
+            ),
+            row("reward at the last step", lambda s: s.final_reward, fmt_r, with_ratio=False),
+            row(
+                "reward, mean of the last 10 steps",
+                lambda s: s.final_reward_last10,
+                fmt_r,
+                with_ratio=False,
+            ),
+            row("CPU seconds (script; worker + API + Postgres backends)", cpu, fmt_s),
+        ]
+    )
+
+
+def render_reps(samples: list[Sample]) -> str:
+    rows = [
+        "| # | side | total | steps | step median | final reward"
+        " | loadavg before → after | machine busy |",
+        "|---:|---|---:|---:|---:|---:|---|---:|",
+    ]
+    for s in samples:
+        reward = "n/a" if s.final_reward is None else f"{s.final_reward:.3f}"
+        rows.append(
+            f"| {s.rep} | {s.side} | {fmt_s(s.seconds)} | {fmt_s(s.steps_seconds)} |"
+            f" {fmt_ms(s.step_median)} | {reward} |"
+            f" {' '.join(map(str, s.loadavg_before))} → {' '.join(map(str, s.loadavg_after))} |"
+            f" {s.machine_busy_pct:.0f}% |"
+        )
+    return "\n".join(rows)
+
+
+def render_volume(service: list[Sample]) -> list[str]:
+    s = service[len(service) // 2]
+    steps = max(int(s.extra["steps"]), 1)
+    volume = s.extra["volume"]
+    tables = s.extra["pg_stats"]["tables"]
+    db = s.extra["pg_stats"]["db"]
+    rows = [
+        "| table | rows kept | bytes kept | inserted / step | updated / step |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    total_ins = total_upd = 0
+    for t in TABLES:
+        kept = volume.get(t, {"rows": 0, "bytes": 0})
+        st = tables.get(t, {"ins": 0, "upd": 0})
+        total_ins += st["ins"]
+        total_upd += st["upd"]
+        rows.append(
+            f"| `{t}` | {kept['rows']} | {kept['bytes'] / 1024:.0f} KiB |"
+            f" {st['ins'] / steps:.1f} | {st['upd'] / steps:.1f} |"
+        )
+    rows.append(f"| all | | | {total_ins / steps:.1f} | {total_upd / steps:.1f} |")
+    return [
+        f"Database writes of one {steps}-step run (rep {s.rep}, run `{s.extra['run_id']}`):"
+        " rows it left behind and PostgreSQL's per-table counters over the run"
+        f" (`pg_stat_user_tables`); {db['xact_commit'] / steps:.1f} committed transactions"
+        " per step in the database (the worker's writes and heartbeats, the reconciler's"
+        " sweeps and the harness's once-a-second `GET /runs/{id}`).",
+        "",
+        *rows,
+    ]
+
+
+def render_profile(profile: dict[str, Any]) -> list[str]:
+    script, service = profile["script"], profile["service"]
+    names = sorted(
+        set(script) | set(service), key=lambda k: -(service.get(k, 0) + script.get(k, 0))
+    )
+    ns, nv = max(profile["script_steps"], 1), max(profile["service_steps"], 1)
+    rows = [
+        "| training thread | script ms / step | service ms / step | difference |",
+        "|---|---:|---:|---:|",
+    ]
+    for k in names:
+        a, b = script.get(k, 0.0) / ns * 1e3, service.get(k, 0.0) / nv * 1e3
+        rows.append(f"| {k} | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    a, b = sum(script.values()) / ns * 1e3, sum(service.values()) / nv * 1e3
+    rows.append(f"| all of `train()` | {a:.1f} | {b:.1f} | {b - a:+.1f} |")
+    db = profile.get("db_thread", {})
+    lib, site = db.get("library", {}), db.get("site", {})
+    db_rows = [
+        "| busy in | ms / step | | Trainyard call (write → innermost function) | ms / step |",
+        "|---|---:|---|---|---:|",
+    ]
+    for i in range(max(len(lib), len(site))):
+        a = list(lib.items())[i] if i < len(lib) else ("", None)
+        b = list(site.items())[i] if i < len(site) else ("", None)
+        fa = "" if a[1] is None else f"{a[1] / nv * 1e3:.1f}"
+        fb = "" if b[1] is None else f"{b[1] / nv * 1e3:.1f}"
+        name_b = f"`{b[0]}`" if b[0] else ""
+        db_rows.append(f"| {a[0]} | {fa} | | {name_b} | {fb} |")
+    busy = sum(lib.values()) / nv * 1e3
+    writes = profile.get("step_writes") or {}
+    medians = writes.get("median_ms", {})
+    calls = [k for k in medians if k.startswith("_")]
+    write_rows = [
+        "| write (transaction) | what it does | median |",
+        "|---|---|---:|",
+        *(f"| `{k}` | {WRITE_WHAT.get(k, '')} | {medians[k]:.1f} ms |" for k in calls),
+        f"| all of a step's writes | | **{sum(medians[k] for k in calls):.1f} ms** |",
+        "| an empty fenced transaction | `RunContext.session()` with nothing in it: lease"
+        " renewal + commit |"
+        f" {medians.get('empty fenced transaction', 0.0):.1f} ms |",
+    ]
+    probe = profile.get("commit_probe", {})
+    probe_text = "; ".join(f"{k}: {v * 1e3:.2f} ms" for k, v in probe.items())
+    return [
+        f"py-spy ({PYSPY_RATE} Hz, wall time, `--profile`: one more pair, not in the medians;"
+        f" script {profile['script_seconds']:.1f} s, service {profile['service_seconds']:.1f} s)."
+        " Samples of the thread running TRL's training loop, by what it was doing; database"
+        " rows are that thread waiting on the worker's event-loop thread (for a write to"
+        " commit, or on a write-behind queue):",
+        "",
+        *rows,
+        "",
+        "Meanwhile the worker's event-loop thread, which runs every database call (the"
+        " training thread hands it each write, and waits for it unless writes are behind),"
+        " was busy in"
+        f" Python for {busy:.1f} ms per step (the rest of the time it waited in the selector):",
+        "",
+        *db_rows,
+        "",
+        f"PostgreSQL on this machine, median of 200 (asyncpg, bench database): {probe_text}.",
+        "",
+        "Each write of a step replayed alone with the worker's own code"
+        f" (`bench/step_writes.py`: {writes.get('steps', 0)} steps on a scratch copy of a"
+        f" finished run, the rows of its step {writes.get('source_step', '?')}:"
+        f" {writes.get('rollouts', 0)} rollouts, {writes.get('metric_values', 0)} metric"
+        " values; each timed from the calling thread until it committed):",
+        "",
+        *write_rows,
+    ]
+
+
+def where_the_time_goes(
+    script: list[Sample], service: list[Sample], profile: dict[str, Any] | None
+) -> list[str]:
+    a, b = med(script, lambda s: s.seconds), med(service, lambda s: s.seconds)
+    diff = b - a
+    parts = []
+    for label, get in (
+        ("setup", lambda s: s.setup_seconds),
+        ("the steps", lambda s: s.steps_seconds),
+        ("finish", lambda s: s.finish_seconds),
+    ):
+        parts.append(f"{label} {med(service, get) - med(script, get):+.1f} s")
+    steps = med(service, lambda s: s.extra["steps"])
+    interval = med(service, lambda s: s.interval_median) - med(script, lambda s: s.interval_median)
+    text = (
+        f"The service took {diff:+.1f} s ({ratio(b, a)}) over the script's median: "
+        + ", ".join(parts)
+        + f". Step to step the service is {interval * 1e3:+.0f} ms per step slower in the"
+        f" median, about {interval * steps:+.1f} s over {steps:.0f} steps."
+    )
+    dispatch = med(service, lambda s: s.extra["dispatch_seconds"])
+    text += (
+        f" Not counted: POST → claimed (dispatch through the reconciler and Celery), median"
+        f" {dispatch:.2f} s."
+    )
+    out = [text]
+    writes = (profile or {}).get("step_writes", {}).get("median_ms", {})
+    probe = (profile or {}).get("commit_probe", {})
+    if writes:
+        total = sum(v for k, v in writes.items() if k.startswith("_"))
+        commit = probe.get("UPDATE + COMMIT, synchronous_commit on", float("nan"))
+        trip = probe.get("round trip (SELECT 1)", float("nan"))
+        out += [
+            "",
+            f"A step's {len([k for k in writes if k.startswith('_')])} write transactions,"
+            " replayed alone with the worker's code, take"
+            f" {total:.1f} ms; an empty fenced transaction (lease renewal + commit) alone"
+            f" {writes.get('empty fenced transaction', float('nan')):.1f} ms. PostgreSQL itself"
+            f" answers a round trip in {trip * 1e3:.2f} ms and commits a one-row UPDATE in"
+            f" {commit * 1e3:.2f} ms (fsync included), so nearly all of it is Python in the"
+            " worker: SQLAlchemy building, caching and compiling statements, the ORM, asyncio.",
+        ]
+    gil = (profile or {}).get("gil", {})
+    if "busy_seconds" in gil:
+        slowed = gil["busy_seconds"] > 1.05 * gil["plain_seconds"]
+        out += [
+            "",
+            "The plain script with a second Python thread burning"
+            f" {gil['busy_ms_per_100ms']} ms of CPU every 100 ms (about what the worker's"
+            " event-loop thread burns per step, see below; `grpo_script.py --busy-thread-ms`,"
+            f" median of two each, back to back) took {gil['busy_seconds']:.1f} s instead of"
+            f" {gil['plain_seconds']:.1f} s"
+            + (
+                ": no database needed to lose that time. Training this small is mostly Python"
+                " dispatching tiny torch operations; each releases the GIL and has to win it"
+                " back from the busy thread. What costs is the CPU the write path burns in the"
+                " worker's process, whether the training thread waits for the writes or they"
+                " run behind it."
+                if slowed
+                else ": no measurable slowdown, so sharing the GIL does not explain the gap here."
+            ),
+        ]
+    if profile:
+        db = {k: v for k, v in profile["service"].items() if k.startswith("database:")}
+        if db:
+            per_step = {k: v / max(profile["service_steps"], 1) * 1e3 for k, v in db.items()}
+            out += [
+                "",
+                "In the profiled pair the training thread waited on database writes, per step: "
+                + ", ".join(f"`{k.split(': ')[1]}` {v:.1f} ms" for k, v in per_step.items())
+                + f" (total {sum(per_step.values()):.1f} ms).",
+            ]
+        ns, nv = max(profile["script_steps"], 1), max(profile["service_steps"], 1)
+        busy = sum(profile.get("db_thread", {}).get("library", {}).values()) / nv
+        own_script = sum(v for k, v in profile["script"].items() if not k.startswith("database:"))
+        own_service = sum(v for k, v in profile["service"].items() if not k.startswith("database:"))
+        gen = (
+            profile["service"].get("generation", 0.0) / nv
+            - profile["script"].get("generation", 0.0) / ns
+        )
+        out += [
+            "",
+            f"Outside those waits the training thread spent {own_service / nv * 1e3:.1f} ms per"
+            f" step in the service and {own_script / ns * 1e3:.1f} ms in the script (generation"
+            f" {gen * 1e3:+.1f} ms of the difference): the same TRL work, slower in the worker"
+            " process. The extra is spread over the model's torch operations, not in any"
+            " Trainyard function."
+            + (
+                f" With write-behind, the event-loop thread's {busy * 1e3:.1f} ms per step of"
+                " Python (below) runs while the training thread computes, and only one of them"
+                " can hold the GIL at a time."
+                if profile.get("write_behind")
+                else " This profile does not say why (the machine's load, and the worker's"
+                " other threads and PostgreSQL sharing its two cores, are candidates)."
+            ),
+        ]
+    return out
+
+
+def render_section(
+    args: argparse.Namespace,
+    script: list[Sample],
+    service: list[Sample],
+    cold: Sample | None,
+    profile: dict[str, Any] | None,
+    versions: dict[str, str],
+    started: str,
+    run: dict[str, Any],
+    load_start: tuple[float, float, float],
+) -> str:
+    command = shlex.join([".venv/bin/python", "bench/service_vs_script.py", *sys.argv[1:]])
+    a, b = med(script, lambda s: s.seconds), med(service, lambda s: s.seconds)
+    r = b / a if a else float("nan")
+    verdict = "within" if r <= TARGET else "**above**"
+    g = run["grpo"]
+    sv = service[len(service) // 2]
+    sc = script[len(script) // 2]
+    orders = all(s.extra["same_order_as_script"] for s in service)
+    parts = [
+        MARK_START,
+        "## Service overhead: a run through Trainyard vs the same TRL script",
+        "",
+        "Written by `bench/service_vs_script.py` (see `bench/README.md`); rerun it rather than"
+        " editing this section.",
+        "",
+        f"- Command: `{command}`",
+        f"- Date: {started}",
+        f"- Machine: {machine_description()}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"- Work: {run['max_steps']} GRPO steps of `configs/runs/letters.yaml` on the tiny"
+        f" Llama (`trainyard tiny-model`): {g['groups_per_step']} groups of"
+        f" {run['rollouts_per_group']} rollouts per step, {g['max_completion_length']}"
+        f" completion tokens, lr {run['learning_rate']:g}, beta {g['beta']:g}, temperature"
+        f" {g['temperature']:g}, loss {g['loss_type']}, seed {g['seed']}, reward"
+        f" `char_fraction` (share of 'a'), checkpoints every {g['save_steps']} steps plus the"
+        " final model on both sides, no evaluation. Same prompts in the same order:"
+        f" {'yes (checked against the stored trajectories)' if orders else '**no**'}.",
+        f"- Service: `trainyard api` + one `trainyard worker --pool solo`, fresh database"
+        f' `{DB_NAME}`; time = `lease` event "claimed by …" → `status` event to `completed`'
+        " (`run_events.created_at`, the database clock). The worker ran a"
+        f" {args.warmup_steps}-step run first, so it had imported TRL (excluded like the"
+        " script's imports). Script: `bench/grpo_script.py`, a fresh process per repetition;"
+        " time = GRPOTrainer construction (model load) + `train()` + `save_model()`, imports"
+        " excluded.",
+        f"- Repetitions: {len(script)} of each, interleaved (script, service, …); medians."
+        f" Checkpoints: script {', '.join(sc.extra['checkpoints'])} + final model; service"
+        f" {', '.join(sv.extra['checkpoints'])}.",
+        "- Threads: "
+        + (
+            f"`OMP_NUM_THREADS={args.torch_threads}` for the worker and the script. With torch's"
+            " default (one thread per core) on a shared 2-core machine, OpenMP threads spin"
+            " whenever another process holds a core, and the same script took from 2 s to 22 s"
+            " for 30 steps."
+            if args.torch_threads
+            else "torch's default (one per core) on both sides."
+        ),
+        f"- Machine load: loadavg {' '.join(map(str, load_start))} at the start; the table of"
+        " repetitions below has it for each run.",
+        "",
+        render_table(script, service),
+        "",
+        f"Ratio of medians, service / script: **{r:.2f}x**, {verdict} the {TARGET:.2f}x target,"
+        f" with every one of the {sv.extra['volume']['trajectories']['rows']} trajectories"
+        " (and its reward), every metric, event and checkpoint persisted.",
+        "",
+    ]
+    if cold is not None:
+        parts += [
+            f"First run on a fresh worker ({cold.extra['steps']} steps, not in the medians):"
+            f" claim → completed {cold.seconds:.1f} s, of which setup {cold.setup_seconds:.1f} s"
+            " — the worker imports torch, transformers and TRL on its first run.",
+            "",
+        ]
+    parts += [
+        "Each repetition (loadavg: 1, 5, 15 min; machine busy = all CPUs, whole run):",
+        "",
+        render_reps(sorted([*script, *service], key=lambda s: (s.rep, s.side != "script"))),
+        "",
+        *render_volume(service),
+        "",
+    ]
+    if r > TARGET or profile:
+        parts += ["### Where the time goes", "", *where_the_time_goes(script, service, profile), ""]
+    if profile:
+        parts += [*render_profile(profile), ""]
+    parts.append(MARK_END)
+    return "\n".join(parts) + "\n"
+
+
+def write_section(path: Path, section: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    start, end = text.find(MARK_START), text.find(MARK_END)
+    if start != -1 and end != -1 and end > start:
+        after = text[end + len(MARK_END) :].lstrip("\n")
+        text = text[:start] + section + ("\n" + after if after else "")
+    else:
+        text = text.rstrip("\n") + "\n\n" + section
+    path.write_text(text)
+
+
+# -------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Trainyard's overhead over a plain TRL GRPO script, same training.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--steps", type=int, default=100, help="GRPO steps per run")
+    p.add_argument("--repeats", type=int, default=3, help="repetitions of each side")
+    p.add_argument("--save-steps", type=int, default=50, help="checkpoint every N steps")
+    p.add_argument(
+        "--warmup-steps",
+        type=int,
+        default=2,
+        help="steps of the unmeasured first service run (the worker imports TRL then)",
+    )
+    p.add_argument("--model", type=Path, help="tiny model folder (default: built in the temp home)")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="one more pair under py-spy; adds a per-activity breakdown to the section",
+    )
+    p.add_argument(
+        "--pg-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help=f"admin connection; database {DB_NAME} is dropped and created",
+    )
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12", help="Celery broker")
+    p.add_argument(
+        "--broker-prefix",
+        default="bench-svs:",
+        help="TRAINYARD_BROKER_PREFIX; keys under it are deleted before and after",
+    )
+    p.add_argument(
+        "--trainyard-bin",
+        type=Path,
+        default=REPO / ".venv" / "bin" / "trainyard",
+        help="the trainyard CLI",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=REPO / "docs" / "benchmarks.md",
+        help="markdown file whose service-vs-script section is replaced",
+    )
+    p.add_argument("--poll-interval", type=float, default=1.0, help="GET /runs/{id} period, s")
+    p.add_argument("--run-timeout", type=float, default=1200.0, help="longest run, either side")
+    p.add_argument("--start-timeout", type=float, default=120.0)
+    p.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=30.0,
+        help="longest wait for the machine to go idle before each measurement",
+    )
+    p.add_argument(
+        "--stats-wait",
+        type=float,
+        default=11.0,
+        help="wait after a service run before reading PostgreSQL's counters (flushed ≤10 s)",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for the worker and the script (0: torch's default). With 2"
+        " threads on a shared 2-core machine, OpenMP spin-waits whenever another process holds"
+        " a core and step times vary tenfold",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the temporary TRAINYARD_HOME")
+    args = p.parse_args(argv)
+    if args.repeats < 1 or args.steps < 1:
+        p.error("--repeats and --steps must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    home = Path(tempfile.mkdtemp(prefix="trainyard-svs-"))
+    servers: list[Server] = []
+    script_samples: list[Sample] = []
+    service_samples: list[Sample] = []
+    cold: Sample | None = None
+    profile: dict[str, Any] | None = None
+    versions: dict[str, str] = {"Trainyard": trainyard_version()}
+    load_start = loadavg()
+    try:
+        with stop_on_exit(servers):
+            if not args.trainyard_bin.exists():
+                raise BenchError(f"{args.trainyard_bin} not found: install the project first")
+            versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
+            redis_command(args.redis_url, "PING")
+            model = args.model
+            if model is None:
+                model = home / "models" / "tiny-llama"
+                run_checked(
+                    [str(args.trainyard_bin), "tiny-model", str(model)], what="building the model"
+                )
+            model = model.resolve()
+            body = run_body(args, model, args.steps)
+            run = resolved(body)
+            prompts = planned_prompts(run)
+            prompts_file = home / "prompts.json"
+            prompts_file.write_text(json.dumps(prompts))
+
+            services = Services(args, servers, home)
+            services.start()
+            log(f"warm-up: a {args.warmup_steps}-step service run (the worker imports TRL)")
+            warm_body = run_body(args, model, args.warmup_steps)
+            cold = measure_service(services, warm_body, planned_prompts(resolved(warm_body)), 0)
+            # The worker imported the pipeline during that run: keep the code it runs (others
+            # may be editing the tree) for the profile's line numbers and the report.
+            shutil.copyfile(TRAINING_PY, SNAPSHOT)
+            versions["worker pipeline"] = pipeline_version(SNAPSHOT)
+
+            for rep in range(1, args.repeats + 1):
+                cmd = script_command(run, model, prompts_file, home / f"script-{rep}")
+                script_samples.append(measure_script(args, servers, cmd, rep))
+                service_samples.append(
+                    measure_service(
+                        services, {**body, "trained_model_name": f"bench-{rep}"}, prompts, rep
+                    )
+                )
+            if args.profile:
+                cmd = script_command(run, model, prompts_file, home / "script-profile")
+                profile = profile_pair(args, servers, services, body, prompts, cmd)
+            versions.update(
+                {
+                    k: v
+                    for k, v in script_samples[0].extra["versions"].items()
+                    if k in ("torch", "transformers", "trl")
+                }
+            )
+            versions["Python"] = platform.python_version()
+    except BenchError as e:
+        print(f"\nbench failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nbench interrupted; services stopped", file=sys.stderr)
+        return 130
+    finally:
+        with contextlib.suppress(BenchError):
+            clear_broker_keys(args.redis_url, args.broker_prefix)
+        if args.keep:
+            log(f"kept {home}")
+        else:
+            shutil.rmtree(home, ignore_errors=True)
+
+    section = render_section(
+        args, script_samples, service_samples, cold, profile, versions, started, run, load_start
+    )
+    write_section(args.output, section)
+    (OUT / "service_vs_script.json").write_text(
+        json.dumps(
+            {
+                "started": started,
+                "versions": versions,
+                "loadavg_start": load_start,
+                "loadavg_end": loadavg(),
+                "args": {k: str(v) for k, v in vars(args).items()},
+                "script": [dataclasses.asdict(s) for s in script_samples],
+                "service": [dataclasses.asdict(s) for s in service_samples],
+                "cold": dataclasses.asdict(cold) if cold else None,
+                "profile": profile,
+            },
+            indent=2,
+        )
+        + "\n"
+    )
+    print()
+    print(render_table(script_samples, service_samples))
+    a = med(script_samples, lambda s: s.seconds)
+    b = med(service_samples, lambda s: s.seconds)
+    print(f"\nservice / script (medians): {b / a:.2f}x (target ≤ {TARGET:.2f}x)")
+    print(f"loadavg at start {load_start}, at end {loadavg()}")
+    print(
+        f"\nwrote {args.output} (section {MARK_START} … {MARK_END});"
+        f" logs and JSON in {OUT.relative_to(REPO)}/"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
