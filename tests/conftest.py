@@ -26,15 +26,26 @@ from app.core.settings import get_settings
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _base_urls(tmp_home: Path) -> tuple[str, str]:
+def _base_urls(tmp_home: Path) -> tuple[str, str, list[Any]]:
+    """The configured URLs, or embedded servers (and the ones this session started)."""
     db = os.environ.get("TRAINYARD_DATABASE_URL")
     broker = os.environ.get("TRAINYARD_REDIS_URL")
+    started: list[Any] = []
     if not db or not broker:
         from app.core.embedded import start_postgres, start_redis
 
-        db = db or start_postgres(tmp_home).url
-        broker = broker or start_redis(tmp_home).url
-    return db, broker
+        for name, url, start in (("db", db, start_postgres), ("broker", broker, start_redis)):
+            if url:
+                continue
+            service = start(tmp_home)
+            if service.started:
+                started.append(service)
+            if name == "db":
+                db = service.url
+            else:
+                broker = service.url
+    assert db and broker
+    return db, broker, started
 
 
 def _asyncpg_dsn(url: str) -> dict[str, Any]:
@@ -49,7 +60,7 @@ def service_urls() -> Iterator[tuple[str, str]]:
     import asyncio
 
     home = Path(os.environ.get("TRAINYARD_TEST_HOME", ROOT / ".trainyard" / "test"))
-    base_db, broker = _base_urls(home)
+    base_db, broker, started = _base_urls(home)
     name = f"trainyard_test_{uuid.uuid4().hex[:8]}"
     admin = _asyncpg_dsn(base_db)
 
@@ -79,6 +90,8 @@ def service_urls() -> Iterator[tuple[str, str]]:
         client = redis.Redis.from_url(broker.replace("redis+socket://", "unix://"))
         for key in client.scan_iter(f"{name}:*"):
             client.delete(key)
+        for service in started:  # embedded servers this session started
+            service.stop()
 
 
 @pytest.fixture(scope="session")
