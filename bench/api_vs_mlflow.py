@@ -942,12 +942,15 @@ def render_section(
     return "\n".join(parts) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
+def write_section(
+    path: Path, section: str, start_mark: str = MARK_START, end_mark: str = MARK_END
+) -> None:
+    """Replace the text between the two markers in ``path`` (or append the section)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start, end = text.find(MARK_START), text.find(MARK_END)
+    start, end = text.find(start_mark), text.find(end_mark)
     if start != -1 and end != -1 and end > start:
-        after = text[end + len(MARK_END) :].lstrip("\n")
+        after = text[end + len(end_mark) :].lstrip("\n")
         text = text[:start] + section + ("\n" + after if after else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section

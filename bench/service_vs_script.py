@@ -73,6 +73,7 @@ from api_vs_mlflow import (  # noqa: E402
     trainyard_version,
     wait_for_quiet,
     wait_ready,
+    write_section,
 )
 
 MARK_START = "<!-- service-vs-script:start -->"
@@ -1359,18 +1360,6 @@ def render_section(
     return "\n".join(parts) + "\n"
 
 
-def write_section(path: Path, section: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start, end = text.find(MARK_START), text.find(MARK_END)
-    if start != -1 and end != -1 and end > start:
-        after = text[end + len(MARK_END) :].lstrip("\n")
-        text = text[:start] + section + ("\n" + after if after else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    path.write_text(text)
-
-
 # -------------------------------------------------------------------------------- main
 
 
@@ -1524,7 +1513,7 @@ def main(argv: list[str] | None = None) -> int:
     section = render_section(
         args, script_samples, service_samples, cold, profile, versions, started, run, load_start
     )
-    write_section(args.output, section)
+    write_section(args.output, section, MARK_START, MARK_END)
     (OUT / "service_vs_script.json").write_text(
         json.dumps(
             {
