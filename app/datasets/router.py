@@ -14,7 +14,7 @@ from app.auth.deps import Caller
 from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
-from app.core.settings import get_settings
+from app.core.settings import app_settings
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetRow
 from app.datasets.schemas import DatasetPublic, DatasetRowPublic, DatasetRowsPage, DatasetsPage
@@ -106,7 +106,7 @@ async def create_dataset(
     errors name it (`file.line[17].input_text`) and nothing is stored. Files over the size
     limit (`TRAINYARD_MAX_DATASET_BYTES`, 64 MiB) or with more than 100,000 rows are a 413.
     """
-    settings = get_settings()
+    settings = app_settings(request)
     content_type = request.headers.get("content-type", "")
     media_type = content_type.partition(";")[0].strip().lower()
     dataset_id = uuid.uuid4()
