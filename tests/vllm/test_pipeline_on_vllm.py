@@ -3,13 +3,8 @@ run completes, and the groups it could not score are counted in its metrics."""
 
 from __future__ import annotations
 
-import uuid
-
-from sqlalchemy import select
-
-from app.metrics.models import MetricPoint
 from tests.workers.test_leases import wait_for
-from tests.workers.test_pipeline import letters_run
+from tests.workers.test_pipeline import letters_run, series
 
 
 async def test_run_with_a_vllm_judge_completes_and_counts_dropped_groups(
@@ -33,19 +28,7 @@ async def test_run_with_a_vllm_judge_completes_and_counts_dropped_groups(
         sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=600
     )
     assert done.status == "completed", done.error
-    async with sessionmaker() as s:
-        dropped = (
-            (
-                await s.execute(
-                    select(MetricPoint.value).where(
-                        MetricPoint.run_id == uuid.UUID(run["id"]),
-                        MetricPoint.name == "groups_dropped",
-                    )
-                )
-            )
-            .scalars()
-            .all()
-        )
+    dropped = [v for _, v in await series(sessionmaker, run["id"], "groups_dropped")]
     assert len(dropped) == 3 and all(0 <= d <= 2 for d in dropped)
 
 
@@ -72,21 +55,7 @@ async def test_vllm_colocate_engine_trains_with_synced_weights(
         sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=600
     )
     assert done.status == "completed", done.error
-    async with sessionmaker() as s:
-        rewards = (
-            (
-                await s.execute(
-                    select(MetricPoint.value)
-                    .where(
-                        MetricPoint.run_id == uuid.UUID(run["id"]),
-                        MetricPoint.name == "reward_mean",
-                    )
-                    .order_by(MetricPoint.step)
-                )
-            )
-            .scalars()
-            .all()
-        )
+    rewards = [v for _, v in await series(sessionmaker, run["id"], "reward_mean")]
     assert len(rewards) == 60
     assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.3, rewards
     page = (

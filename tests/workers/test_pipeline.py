@@ -63,6 +63,17 @@ async def _count(maker: Any, model: Any, run_id: str, *where: Any) -> int:
         )
 
 
+async def series(maker: Any, run_id: str, name: str) -> list[tuple[int, float]]:
+    """The run's (step, value) points of one metric, by step."""
+    async with maker() as s:
+        rows = await s.execute(
+            select(MetricPoint.step, MetricPoint.value)
+            .where(MetricPoint.run_id == uuid.UUID(run_id), MetricPoint.name == name)
+            .order_by(MetricPoint.step)
+        )
+        return [(step, value) for step, value in rows]
+
+
 async def _trajectory_keys(maker: Any, run_id: str) -> list[tuple[int, int, int]]:
     async with maker() as s:
         rows = await s.execute(
@@ -91,16 +102,8 @@ async def test_run_trains_to_completion_learns_and_keeps_everything(
     # Every step: its 16 trajectories with rewards, its metrics, its event.
     assert await _trajectory_keys(sessionmaker, run["id"]) == _full(60)
     assert await _count(sessionmaker, Trajectory, run["id"], Trajectory.reward.is_(None)) == 0
+    rewards = await series(sessionmaker, run["id"], "reward_mean")
     async with sessionmaker() as s:
-        rewards = (
-            await s.execute(
-                select(MetricPoint.step, MetricPoint.value)
-                .where(
-                    MetricPoint.run_id == uuid.UUID(run["id"]), MetricPoint.name == "reward_mean"
-                )
-                .order_by(MetricPoint.step)
-            )
-        ).all()
         names = set(
             (
                 await s.execute(
@@ -231,20 +234,9 @@ async def test_worker_killed_in_training_is_replaced_and_resumes_from_its_checkp
             .scalars()
             .all()
         )
-        steps = (
-            (
-                await s.execute(
-                    select(MetricPoint.step).where(
-                        MetricPoint.run_id == uuid.UUID(run["id"]),
-                        MetricPoint.name == "reward_mean",
-                    )
-                )
-            )
-            .scalars()
-            .all()
-        )
     assert len(resumed) == 1 and "step 10" in resumed[0].message
-    assert sorted(steps) == list(range(1, 31))
+    steps = [step for step, _ in await series(sessionmaker, run["id"], "reward_mean")]
+    assert steps == list(range(1, 31))
 
 
 async def test_cancel_during_collecting_ends_within_a_heartbeat(
@@ -291,16 +283,8 @@ async def test_evaluation_tracks_the_base_model_and_keeps_the_best_checkpoint(
         sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=240
     )
     assert done.status == "completed", done.error
+    evals = await series(sessionmaker, run["id"], "eval_reward")
     async with sessionmaker() as s:
-        evals = (
-            await s.execute(
-                select(MetricPoint.step, MetricPoint.value)
-                .where(
-                    MetricPoint.run_id == uuid.UUID(run["id"]), MetricPoint.name == "eval_reward"
-                )
-                .order_by(MetricPoint.step)
-            )
-        ).all()
         final = (
             await s.execute(
                 select(Checkpoint).where(
