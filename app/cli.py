@@ -173,7 +173,10 @@ def up(
             if service.started:
                 service.stop()
 
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    def interrupted(*_: object) -> None:
+        raise KeyboardInterrupt  # SIGTERM stops everything the way Ctrl-C does
+
+    signal.signal(signal.SIGTERM, interrupted)
     try:
         _upgrade(db_url)
         exe = [sys.executable, "-m", "app.cli"]

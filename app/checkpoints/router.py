@@ -13,7 +13,7 @@ from app.auth.deps import Caller
 from app.checkpoints.models import Checkpoint
 from app.core.deps import ReadSession
 from app.core.errors import problem_responses
-from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.pagination import Page, Paging, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
 
 router = APIRouter(prefix="/runs/{run_id}/checkpoints", tags=["checkpoints"])
@@ -31,10 +31,8 @@ class CheckpointPublic(BaseModel):
     created_at: datetime
 
 
-class CheckpointsPage(BaseModel):
-    data: list[CheckpointPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class CheckpointsPage(Page[CheckpointPublic]):
+    """A page of CheckpointPublic; pass ``next_cursor`` as ``after`` for the next."""
 
 
 @router.get(

@@ -9,6 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.core.pagination import Page
+
 
 class DatasetPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -24,10 +26,8 @@ class DatasetPublic(BaseModel):
     created_at: datetime
 
 
-class DatasetsPage(BaseModel):
-    data: list[DatasetPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class DatasetsPage(Page[DatasetPublic]):
+    """A page of DatasetPublic; pass ``next_cursor`` as ``after`` for the next."""
 
 
 class DatasetRowPublic(BaseModel):
@@ -39,7 +39,5 @@ class DatasetRowPublic(BaseModel):
     split: str
 
 
-class DatasetRowsPage(BaseModel):
-    data: list[DatasetRowPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class DatasetRowsPage(Page[DatasetRowPublic]):
+    """A page of DatasetRowPublic; pass ``next_cursor`` as ``after`` for the next."""

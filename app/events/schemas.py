@@ -6,6 +6,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.core.pagination import Page
+
 
 class RunEventPublic(BaseModel):
     model_config = ConfigDict(from_attributes=True)
@@ -19,7 +21,5 @@ class RunEventPublic(BaseModel):
     created_at: datetime
 
 
-class RunEventsPage(BaseModel):
-    data: list[RunEventPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class RunEventsPage(Page[RunEventPublic]):
+    """A page of RunEventPublic; pass ``next_cursor`` as ``after`` for the next."""

@@ -12,7 +12,7 @@ from sqlmodel import col
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
 from app.core.errors import problem_responses
-from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.pagination import Page, Paging, decode_cursor, make_page
 from app.inputs.models import TaskInput
 from app.runs.service import ensure_run_visible
 
@@ -30,10 +30,8 @@ class TaskInputPublic(BaseModel):
     created_at: datetime
 
 
-class TaskInputsPage(BaseModel):
-    data: list[TaskInputPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class TaskInputsPage(Page[TaskInputPublic]):
+    """A page of TaskInputPublic; pass ``next_cursor`` as ``after`` for the next."""
 
 
 @router.get(

@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from app.core.pagination import Page
 from app.runs.grpo import GrpoSettings
 from app.runs.rewards import JudgeEndpoint, RewardSpec, RulerReward
 from app.runs.status import RunStatus
@@ -209,7 +210,5 @@ class RunPublic(BaseModel):
     completed_at: datetime | None
 
 
-class RunsPage(BaseModel):
-    data: list[RunPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class RunsPage(Page[RunPublic]):
+    """A page of RunPublic; pass ``next_cursor`` as ``after`` for the next."""

@@ -12,7 +12,7 @@ from sqlmodel import col
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
-from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.pagination import Page, Paging, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
 from app.trajectories.models import Trajectory
 
@@ -35,10 +35,8 @@ class TrajectoryPublic(BaseModel):
     created_at: datetime
 
 
-class TrajectoriesPage(BaseModel):
-    data: list[TrajectoryPublic]
-    has_more: bool
-    next_cursor: str | None = None
+class TrajectoriesPage(Page[TrajectoryPublic]):
+    """A page of TrajectoryPublic; pass ``next_cursor`` as ``after`` for the next."""
 
 
 @router.get(
