@@ -24,6 +24,7 @@ from app.health import router as health_router
 from app.inputs.router import router as inputs_router
 from app.metrics.router import router as metrics_router
 from app.runs.router import router as runs_router
+from app.training_data.router import router as training_data_router
 from app.trajectories.router import router as trajectories_router
 
 try:
@@ -75,6 +76,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         checkpoints_router,
         inputs_router,
         trajectories_router,
+        training_data_router,
         datasets_router,
     ):
         app.include_router(router)

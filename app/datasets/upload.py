@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from python_multipart.exceptions import MultipartParseError
 from python_multipart.multipart import MultipartParser, parse_options_header
 
+from app.core.copy_format import copy_field
 from app.core.errors import FieldError, Problem
 from app.runs.schemas import InputItem
 
@@ -46,19 +47,6 @@ JSONL_MEDIA_TYPES = frozenset(
 )
 _BOM = b"\xef\xbb\xbf"
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-
-
-def _copy_text(value: str) -> str:
-    """``value`` as a field of PostgreSQL's COPY text format (most need no escaping)."""
-    if "\\" in value:
-        value = value.replace("\\", "\\\\")
-    if "\n" in value:
-        value = value.replace("\n", "\\n")
-    if "\r" in value:
-        value = value.replace("\r", "\\r")
-    if "\t" in value:
-        value = value.replace("\t", "\\t")
-    return value
 
 
 def _loc(loc: tuple[int | str, ...]) -> str:
@@ -168,7 +156,7 @@ class JsonlReader:
             else _JSON.encode(item.context).replace("\\", "\\\\")
         )
         self.copy += (
-            f"{self._prefix}{index}\t{_copy_text(item.input_text)}\t{context}\t{item.split}\n"
+            f"{self._prefix}{index}\t{copy_field(item.input_text)}\t{context}\t{item.split}\n"
         ).encode()
 
     def _bad(self, exc: ValidationError) -> None:

@@ -4,7 +4,7 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Column, Float, ForeignKey, Index, Uuid
+from sqlalchemy import Column, Float, ForeignKey, Index, Uuid, text
 from sqlmodel import Field, SQLModel
 
 from app.core.columns import jsonb, timestamp
@@ -27,12 +27,35 @@ class Trajectory(SQLModel, table=True):
             "rollout_index",
             unique=True,
         ),
+        # Training-data queries (app/training_data): keyset order (created_at, id) under each
+        # filter that narrows by an indexed column.
+        Index(
+            "ix_trajectories_project_created",
+            "project_id",
+            "created_at",
+            "id",
+            postgresql_include=["reward"],
+        ),
+        Index("ix_trajectories_created", "created_at", "id"),
+        Index(
+            "ix_trajectories_learning_key_created",
+            "learning_key",
+            "created_at",
+            "id",
+            postgresql_where=text("learning_key IS NOT NULL"),
+        ),
+        Index("ix_trajectories_run_created", "run_id", "created_at", "id"),
     )
 
     id: uuid.UUID = Field(default_factory=uuid.uuid4, primary_key=True)
     run_id: uuid.UUID = Field(
         sa_column=Column(Uuid, ForeignKey("runs.id", ondelete="CASCADE"), nullable=False)
     )
+    # Copied from the run when the row is written (both are fixed at the run's creation).
+    project_id: uuid.UUID = Field(
+        sa_column=Column(Uuid, ForeignKey("projects.id", ondelete="CASCADE"), nullable=False)
+    )
+    learning_key: str | None = Field(default=None, max_length=200)
     step: int
     group_index: int
     rollout_index: int

@@ -1,42 +1,21 @@
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import func, select
 from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
 from app.core.errors import Problem, problem_responses
-from app.core.pagination import Page, Paging, decode_cursor, make_page
+from app.core.pagination import Paging, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
 from app.trajectories.models import Trajectory
+from app.trajectories.schemas import TrajectoriesPage, TrajectoryPublic
 
 router = APIRouter(prefix="/runs/{run_id}/trajectories", tags=["trajectories"])
-
-
-class TrajectoryPublic(BaseModel):
-    model_config = ConfigDict(from_attributes=True, populate_by_name=True)
-
-    id: uuid.UUID
-    run_id: uuid.UUID
-    step: int
-    group_index: int
-    rollout_index: int
-    task_input_id: uuid.UUID | None
-    messages: list[dict[str, Any]]
-    reward: float | None
-    reward_breakdown: dict[str, Any]
-    metadata: dict[str, Any] = Field(validation_alias="meta")
-    created_at: datetime
-
-
-class TrajectoriesPage(Page[TrajectoryPublic]):
-    """A page of TrajectoryPublic; pass ``next_cursor`` as ``after`` for the next."""
 
 
 @router.get(

@@ -28,16 +28,21 @@ def storable(value: Any) -> Any:
 
 _UPSERT_ROLLOUTS = text(
     """
-    INSERT INTO trajectories (id, run_id, step, group_index, rollout_index, task_input_id,
-                              messages, reward, reward_breakdown, metadata)
-    SELECT gen_random_uuid(), :run_id, :step, r.group_index, r.rollout_index, r.task_input_id,
-           r.messages, NULL, '{}'::jsonb, coalesce(r.metadata, '{}'::jsonb)
-      FROM jsonb_to_recordset(CAST(:rows AS jsonb))
+    INSERT INTO trajectories (id, run_id, project_id, learning_key, step, group_index,
+                              rollout_index, task_input_id, messages, reward, reward_breakdown,
+                              metadata)
+    SELECT gen_random_uuid(), run.id, run.project_id, run.learning_key, :step, r.group_index,
+           r.rollout_index, r.task_input_id, r.messages, r.reward,
+           coalesce(r.breakdown, '{}'::jsonb), coalesce(r.metadata, '{}'::jsonb)
+      FROM runs AS run,
+           jsonb_to_recordset(CAST(:rows AS jsonb))
            AS r(group_index int, rollout_index int, task_input_id uuid, messages jsonb,
-                metadata jsonb)
+                metadata jsonb, reward float8, breakdown jsonb)
+     WHERE run.id = :run_id
     ON CONFLICT (run_id, step, group_index, rollout_index) DO UPDATE
        SET task_input_id = EXCLUDED.task_input_id, messages = EXCLUDED.messages,
-           metadata = EXCLUDED.metadata, reward = NULL, reward_breakdown = '{}'::jsonb
+           metadata = EXCLUDED.metadata, reward = EXCLUDED.reward,
+           reward_breakdown = EXCLUDED.reward_breakdown
     """
 )
 
@@ -46,10 +51,12 @@ async def upsert_rollouts(
     session: AsyncSession, run_id: uuid.UUID, step: int, rollouts: list[dict[str, Any]]
 ) -> None:
     """Store one step's rollouts (``group_index``, ``rollout_index``, ``messages``,
-    ``task_input_id``, ``metadata``), replacing any earlier attempt at the same step.
+    ``task_input_id``, ``metadata``, and ``reward`` and ``breakdown`` when already scored),
+    replacing any earlier attempt at the same step.
 
     One statement with the rows as a single JSON parameter: a step's worth of rows costs one
-    bind, not one per value (the training loop calls this every step)."""
+    bind, not one per value (the training loop calls this every step). The run's project and
+    learning key are copied onto each row in the same statement."""
     if rollouts:
         rows = [
             {
@@ -58,6 +65,8 @@ async def upsert_rollouts(
                 "task_input_id": str(r["task_input_id"]) if r.get("task_input_id") else None,
                 "messages": r["messages"],
                 "metadata": r.get("metadata", {}),
+                "reward": r.get("reward"),
+                "breakdown": r.get("breakdown", {}),
             }
             for r in rollouts
         ]

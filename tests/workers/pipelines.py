@@ -13,6 +13,7 @@ from sqlalchemy.dialects.postgresql import insert
 from app.metrics.models import MetricPoint
 from app.runs.status import RunStatus
 from app.trajectories.models import Trajectory
+from app.trajectories.service import upsert_rollouts
 from workers.context import RunContext
 
 S = RunStatus
@@ -40,10 +41,8 @@ async def ticking(ctx: RunContext) -> None:
         if status == S.COLLECTING:
             await _tick(ctx, tick)
             async with ctx.session() as session:
-                rows = [
+                rollouts = [
                     {
-                        "run_id": ctx.run_id,
-                        "step": step,
                         "group_index": g,
                         "rollout_index": r,
                         "messages": [
@@ -54,7 +53,7 @@ async def ticking(ctx: RunContext) -> None:
                     for g in range(groups)
                     for r in range(run.rollouts_per_group)
                 ]
-                await session.execute(insert(Trajectory).values(rows).on_conflict_do_nothing())
+                await upsert_rollouts(session, ctx.run_id, step, rollouts)
             status = S((await ctx.move(S.SCORING, expected=S.COLLECTING)).status)
         if status == S.SCORING:
             await _tick(ctx, tick)

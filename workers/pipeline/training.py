@@ -173,7 +173,8 @@ class StepBridge:
             for ri, s in enumerate(row)
         ]
         if instant:
-            self.writes.submit(lambda: self._store_scored_rollouts(step, rollouts, rows))
+            scored = [{**r, **row} for r, row in zip(rollouts, rows, strict=True)]
+            self.writes.submit(lambda: self._store_scored_rollouts(step, scored))
         else:
             self.writes.submit(lambda: self._store_rewards(step, rows))
         self.ctx.check(pause_ok=False)
@@ -188,12 +189,11 @@ class StepBridge:
         async with self.ctx.runtime.session() as session:
             await self._rewards_stored(session, step, rows)
 
-    async def _store_scored_rollouts(
-        self, step: int, rollouts: list[dict[str, Any]], rows: list[dict[str, Any]]
-    ) -> None:
+    async def _store_scored_rollouts(self, step: int, scored: list[dict[str, Any]]) -> None:
+        """Rollouts with their rewards in one statement, then both phase moves."""
         async with self.ctx.runtime.session() as session:
-            await self._rollouts_stored(session, step, rollouts)
-            await self._rewards_stored(session, step, rows)
+            await self._rollouts_stored(session, step, scored)
+            await self._rewards_stored(session, step, [])
 
     async def _rollouts_stored(
         self, session: Any, step: int, rollouts: list[dict[str, Any]]
