@@ -24,9 +24,13 @@ app = typer.Typer(no_args_is_help=True, help=__doc__, pretty_exceptions_enable=F
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
 keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
 runs_app = typer.Typer(no_args_is_help=True, help="Training runs (over HTTP).")
+data_app = typer.Typer(
+    no_args_is_help=True, help="Trajectories as training data (straight from the database)."
+)
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(runs_app, name="runs")
+app.add_typer(data_app, name="data")
 
 err = Console(stderr=True)
 out = Console()
@@ -372,6 +376,71 @@ def runs_cancel(
             else ""
         )
     )
+
+
+# -- training data from the database ---------------------------------------------------------
+
+
+@data_app.command("export")
+def data_export(
+    output: Annotated[Path, typer.Argument(help="JSONL file to write ('-' for stdout).")],
+    project: Annotated[list[str] | None, typer.Option(help="Project name or id.")] = None,
+    run_id: Annotated[list[str] | None, typer.Option()] = None,
+    learning_key: Annotated[list[str] | None, typer.Option()] = None,
+    status: Annotated[list[str] | None, typer.Option(help="The run's status.")] = None,
+    min_reward: float | None = None,
+    max_reward: float | None = None,
+    since: Annotated[str | None, typer.Option(help="ISO date or datetime.")] = None,
+    until: Annotated[str | None, typer.Option(help="ISO date or datetime (inclusive).")] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    messages: Annotated[bool, typer.Option(help="Include the messages.")] = True,
+) -> None:
+    """Export trajectories matching the filters as JSON Lines."""
+    from datetime import date, datetime
+
+    from app.training_data import TrainingDataError, export_jsonl
+
+    def when(value: str | None) -> date | datetime | None:
+        if value is None:
+            return None
+        return date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value)
+
+    try:
+        written = export_jsonl(
+            None,
+            sys.stdout if str(output) == "-" else output,
+            projects=project,
+            run_ids=run_id,
+            learning_key=learning_key,
+            statuses=status,
+            min_reward=min_reward,
+            max_reward=max_reward,
+            start_date=when(since),
+            end_date=when(until),
+            limit=limit,
+            include_messages=messages,
+        )
+    except (TrainingDataError, ValueError) as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    err.print(f"{written} trajectories exported")
+
+
+@data_app.command("import")
+def data_import(
+    source: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL file.")],
+    project: Annotated[str, typer.Option(help="Project name or id to import into.")],
+    learning_key: Annotated[str | None, typer.Option(help="Key for every imported run.")] = None,
+) -> None:
+    """Import a trajectory JSONL file into a project, all or nothing."""
+    from app.training_data import TrainingDataError, import_jsonl
+
+    try:
+        result = import_jsonl(None, source, project=project, learning_key=learning_key)
+    except TrainingDataError as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2) from exc
+    err.print(f"{result.trajectories} trajectories imported into {len(result.run_ids)} run(s)")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@ computed in plain Python, so the library's SQL is checked against an independent
 
 from __future__ import annotations
 
-import json
 import random
 import uuid
 from collections.abc import AsyncIterator
@@ -37,6 +36,10 @@ class Corpus:
     keys: dict[str, str]  # name → API key
     runs: dict[str, dict[str, Any]] = field(default_factory=dict)  # label → run facts
     rows: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def rows_by_id(self) -> dict[uuid.UUID, dict[str, Any]]:
+        return {r["id"]: r for r in self.rows}
 
     def expected(
         self,
@@ -159,7 +162,3 @@ async def pg(service_urls: tuple[str, str]) -> AsyncIterator[asyncpg.Connection]
         yield conn
     finally:
         await conn.close()
-
-
-def dumps(value: Any) -> str:
-    return json.dumps(value, default=str)
