@@ -26,6 +26,8 @@ async def _tick(ctx: RunContext, seconds: float) -> None:
 
 async def ticking(ctx: RunContext) -> None:
     run = await ctx.load()
+    if run.attempt <= int(run.config.get("die_at_start", 0)):
+        os._exit(17)  # the worker dies right after its claim, before its first heartbeat
     tick = float(run.config.get("tick", 0.2))
     steps = run.max_steps or 3
     groups = run.grpo.get("groups_per_step", 2)
