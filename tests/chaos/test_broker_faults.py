@@ -1,0 +1,117 @@
+"""The broker fails: Redis down when a run is created, restarted and flushed mid-run. Postgres
+is the outbox, so every run still starts and finishes, once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import asyncpg
+import pytest
+
+from app.core.pg import connect_kwargs
+from app.runs.dispatch import DUE_CHANNEL
+from app.runs.repository import insert_run
+from app.runs.schemas import RunCreate
+from tests.chaos.conftest import OwnRedis
+from tests.conftest import run_body
+from tests.workers.test_leases import _run, _trajectory_keys, wait_for
+
+pytestmark = pytest.mark.chaos
+
+STEPS = 4
+
+
+def _body(**config: Any) -> dict[str, Any]:
+    return run_body(max_steps=STEPS, rollouts_per_group=2, config={"tick": 0.4, **config})
+
+
+def _rows() -> list[tuple[int, int, int]]:
+    return [(s, g, r) for s in range(STEPS) for g in range(2) for r in range(2)]
+
+
+async def _completes_once(maker: Any, run_id: str, within: float = 90) -> None:
+    done = await wait_for(maker, run_id, lambda r: r.status in {"completed", "failed"}, within)
+    assert done.status == "completed", done.error
+    assert await _trajectory_keys(maker, run_id) == _rows()
+
+
+async def test_redis_restarted_and_flushed_mid_run_loses_nothing(
+    client, tenant, sessionmaker, start_worker, own_redis: OwnRedis
+) -> None:
+    env = {"TRAINYARD_REDIS_URL": own_redis.url}
+    start_worker(**env)
+    start_worker(**env)
+    runs = [
+        (await client.post("/runs", json=_body(), headers=tenant.headers)).json()["id"]
+        for _ in range(3)
+    ]
+    # Two run on the workers; the third waits in the queue that is about to vanish.
+    for run_id in runs[:2]:
+        await wait_for(sessionmaker, run_id, lambda r: r.step >= 1, within=60)
+    own_redis.stop()
+    await asyncio.sleep(1.0)
+    own_redis.start()
+    own_redis.client().flushall()
+    flushed = time.monotonic()
+    for run_id in runs:  # every live run is running again within 60 s
+        await wait_for(
+            sessionmaker,
+            run_id,
+            lambda r: r.lease_owner is not None or r.status == "completed",
+            within=60,
+        )
+    assert time.monotonic() - flushed < 60
+    for run_id in runs:
+        await _completes_once(sessionmaker, run_id)
+
+
+async def test_broker_down_at_create_time_the_run_starts_once_it_is_back(
+    client, tenant, sessionmaker, start_worker, own_redis: OwnRedis
+) -> None:
+    start_worker(TRAINYARD_REDIS_URL=own_redis.url)
+    own_redis.stop()
+    created = await client.post("/runs", json=_body(), headers=tenant.headers)
+    assert created.status_code == 202  # Postgres is the outbox: the broker is not needed here
+    run_id = created.json()["id"]
+    await asyncio.sleep(2.0)
+    assert (await _run(sessionmaker, run_id)).status == "pending"
+    own_redis.start()
+    await _completes_once(sessionmaker, run_id)
+    assert (await _run(sessionmaker, run_id)).attempt == 1
+
+
+async def test_a_rolled_back_create_notifies_no_one(service_urls, tenant) -> None:
+    """The due-run notification is sent by the create's own transaction: rolled back, it is
+    never delivered, so no worker ever hears of a run that does not exist."""
+    listener = await asyncpg.connect(**connect_kwargs(service_urls[0]))
+    heard: list[str] = []
+    arrived = asyncio.Event()
+
+    def on_notify(*args: Any) -> None:
+        heard.append(args[-1])
+        arrived.set()
+
+    await listener.add_listener(DUE_CHANNEL, on_notify)
+    writer = await asyncpg.connect(**connect_kwargs(service_urls[0]))
+    await writer.set_type_codec(
+        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
+    )
+    try:
+        tx = writer.transaction()
+        await tx.start()
+        run = await insert_run(writer, tenant.project_id, RunCreate.model_validate(run_body()))
+        await tx.rollback()
+        committed = await insert_run(
+            writer, tenant.project_id, RunCreate.model_validate(run_body())
+        )
+        # Notifications arrive in commit order: once the committed run's is here, the
+        # rolled-back one's would have been too.
+        await asyncio.wait_for(arrived.wait(), 5)
+        assert heard == [str(committed["id"])]
+        assert await writer.fetchval("SELECT count(*) FROM runs WHERE id = $1", run["id"]) == 0
+    finally:
+        await writer.close()
+        await listener.close()
