@@ -1,0 +1,186 @@
+"""The API process killed and restarted under load: clients that retry with their
+Idempotency-Key lose no accepted request and create nothing twice; an SSE client that
+reconnects with Last-Event-ID sees every event of the run once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from sqlalchemy import func, select
+
+from app.events.models import RunEvent
+from app.runs.models import Run
+from tests.conftest import ROOT, run_body
+from tests.workers.test_leases import wait_for
+
+pytestmark = pytest.mark.chaos
+
+CLIENTS = 6
+LOAD_SECONDS = 6.0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ApiProcess:
+    def __init__(self, port: int, log: Path) -> None:
+        self.port = port
+        self.log = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            # Hundreds of pending runs (no worker keeps up) and six clients flat out: this
+            # test is about restarts, not the project's quota or the per-key rate limit.
+            "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
+            "TRAINYARD_RATE_LIMIT_PER_SECOND": "0",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).is_success:
+                    return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"API did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(15)
+
+
+@pytest.fixture
+def api_process(service_urls: tuple[str, str], tmp_path: Path) -> Iterator[ApiProcess]:
+    server = ApiProcess(_free_port(), tmp_path / "api.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        if server.proc is not None and server.proc.poll() is None:
+            server.kill()
+
+
+async def _create_until_accepted(
+    http: httpx.AsyncClient, headers: dict[str, str], key: str, body: dict[str, Any]
+) -> str:
+    """POST with one Idempotency-Key until the API answers, as a careful client does."""
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            r = await http.post("/runs", json=body, headers={**headers, "Idempotency-Key": key})
+            if r.status_code in (200, 201, 202):
+                return str(r.json()["id"])
+            assert r.status_code >= 500 or r.status_code == 409, r.text  # retry on these
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, f"request {key} never accepted"
+        await asyncio.sleep(0.05)
+
+
+async def _follow(http: httpx.AsyncClient, headers: dict[str, str], run_id: str) -> list[int]:
+    """Event ids of the run's stream, reconnecting with Last-Event-ID until it ends."""
+    seen: list[int] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        resume = {"Last-Event-ID": str(seen[-1])} if seen else {}
+        try:
+            async with http.stream(
+                "GET", f"/runs/{run_id}/events/stream", headers={**headers, **resume}
+            ) as r:
+                if r.status_code != 200:
+                    await asyncio.sleep(0.1)
+                    continue
+                async for line in r.aiter_lines():
+                    if line.startswith("id:"):
+                        seen.append(int(line[3:].strip()))
+                return seen  # the server ended the stream: the run is over
+        except httpx.TransportError:
+            await asyncio.sleep(0.1)
+    raise AssertionError("stream never ended")
+
+
+async def test_api_killed_under_load_loses_and_doubles_nothing(
+    api_process: ApiProcess, tenant, sessionmaker, start_worker
+) -> None:
+    start_worker()
+    base = f"http://127.0.0.1:{api_process.port}"
+    async with httpx.AsyncClient(base_url=base, timeout=10) as http:
+        traced = await _create_until_accepted(
+            http, tenant.headers, str(uuid.uuid4()), run_body(max_steps=8, config={"tick": 0.3})
+        )
+        follower = asyncio.create_task(_follow(http, tenant.headers, traced))
+        accepted: dict[str, str] = {}
+        stop = time.monotonic() + LOAD_SECONDS
+
+        async def client() -> None:
+            while time.monotonic() < stop:
+                key = str(uuid.uuid4())
+                accepted[key] = await _create_until_accepted(
+                    http, tenant.headers, key, run_body(config={"client_key": key})
+                )
+
+        load = [asyncio.create_task(client()) for _ in range(CLIENTS)]
+        await asyncio.sleep(LOAD_SECONDS / 3)
+        await asyncio.to_thread(api_process.kill)  # mid-request for some of the clients
+        await asyncio.to_thread(api_process.start)
+        await asyncio.gather(*load)
+        seen = await follower
+
+    assert len(accepted) > CLIENTS * 3
+    async with sessionmaker() as s:
+        stored = (
+            await s.execute(
+                select(Run.id, Run.config["client_key"].astext).where(
+                    Run.project_id == tenant.project_id, Run.id != uuid.UUID(traced)
+                )
+            )
+        ).all()
+        events = list(
+            (
+                await s.execute(
+                    select(RunEvent.id)
+                    .where(RunEvent.run_id == uuid.UUID(traced))
+                    .order_by(RunEvent.id)
+                )
+            ).scalars()
+        )
+        in_flight = await s.scalar(
+            select(func.count()).select_from(Run).where(Run.project_id == tenant.project_id)
+        )
+    by_key = {key: str(run_id) for run_id, key in stored}
+    # Every accepted request is stored, as the run the client was told; nothing twice.
+    assert len(stored) == len(by_key) == len(accepted)
+    assert by_key == accepted
+    assert in_flight == len(accepted) + 1
+    # The stream across the restart: every event once, in order, none missing.
+    assert seen == events
+    await wait_for(sessionmaker, traced, lambda r: r.status == "completed")
