@@ -12,7 +12,8 @@ b. the count under the same filters;
 c. a page of 1,000 without and with messages;
 d. JSON Lines export throughput;
 e. pages 1 and 10,000 with the 0005 indexes dropped (inside a transaction rolled back after);
-f. ingest through ``upsert_rollouts`` (one committed call per step) vs a raw COPY, alternately.
+f. ingest through the workers' per-step statements (``app.runs.step_moves``: the scored rollouts
+   with their status move, then the step's metrics) vs a raw COPY, alternately.
 
 The results replace the section between the training-data markers in docs/benchmarks.md
 (``--output`` for another file); a JSON summary goes to stdout, progress to stderr.
@@ -939,30 +940,59 @@ def ingest_steps(seed: int, rows: int, step_size: int) -> list[list[dict[str, An
     return steps
 
 
+INGEST_OWNER = "bench-ingest-worker"
+
+
 async def new_ingest_runs(
     conn: asyncpg.Connection, project_id: uuid.UUID, n: int, step_size: int
 ) -> list[uuid.UUID]:
+    """Runs in ``collecting``, leased to :data:`INGEST_OWNER` (attempt 1) as a worker's are."""
     ids = [uuid.uuid4() for _ in range(n)]
     now = dt.datetime.now(dt.UTC)
     await conn.executemany(
         _INSERT_RUN,
-        [(i, project_id, "training", step_size, "ingest", 0, now, now, None) for i in ids],
+        [(i, project_id, "collecting", step_size, "ingest", 0, now, now, None) for i in ids],
+    )
+    await conn.execute(
+        "UPDATE runs SET lease_owner = $2, lease_expires_at = now() + interval '1 hour'"
+        " WHERE id = ANY($1::uuid[])",
+        ids,
+        INGEST_OWNER,
     )
     return ids
 
 
-async def ingest_upserts(
-    maker: Any, runs: list[uuid.UUID], steps: list[list[dict[str, Any]]]
+async def ingest_steps_written(
+    pool: asyncpg.Pool, runs: list[uuid.UUID], steps: list[list[dict[str, Any]]]
 ) -> float:
-    """The worker's write: one transaction per step, committed (``session_scope``)."""
-    from app.core.db import session_scope
-    from app.trajectories.service import upsert_rollouts
+    """The worker's writes, step by step as the training loop makes them
+    (``app.runs.step_moves``): the scored rollouts with the move out of collecting, then the
+    step's metrics and progress with the move back to collecting. Each is one statement,
+    committed on its own."""
+    from app.runs import step_moves
+    from app.runs.state import Fence
 
+    fence = Fence(owner=INGEST_OWNER, attempt=1)
     started = time.perf_counter()
-    for i, rollouts in enumerate(steps):
-        run_id, step = runs[i // INGEST_STEPS_PER_RUN], i % INGEST_STEPS_PER_RUN
-        async with session_scope(maker) as session:
-            await upsert_rollouts(session, run_id, step, rollouts)
+    async with pool.acquire() as conn:
+        for i, rollouts in enumerate(steps):
+            run_id, step = runs[i // INGEST_STEPS_PER_RUN], i % INGEST_STEPS_PER_RUN
+            await step_moves.rollouts_collected(
+                conn, run_id, fence, step, rollouts, ttl_seconds=3600, scored=True
+            )
+            rewards = [r["reward"] for r in rollouts if r["reward"] is not None]
+            await step_moves.step_finished(
+                conn,
+                run_id,
+                fence,
+                step,
+                0,
+                metrics={"reward_mean": statistics.fmean(rewards) if rewards else 0.0},
+                summary={"step": step},
+                last=False,
+                event=f"step {step} done",
+                ttl_seconds=3600,
+            )
     return time.perf_counter() - started
 
 
@@ -1008,22 +1038,19 @@ async def ingest_copy(
 
 
 async def measure_ingest(args: argparse.Namespace, db_url: str) -> dict[str, Any]:
-    from app.core.db import make_engine, make_sessionmaker
+    from app.core.pg import create_pool
 
     steps = ingest_steps(args.seed, args.ingest_rows, args.ingest_step)
     rows = len(steps) * args.ingest_step
     n_runs = math.ceil(len(steps) / INGEST_STEPS_PER_RUN)
     conn = await asyncpg.connect(**connect_kwargs(db_url))
-    engine = make_engine(db_url, pool_size=2)
-    maker = make_sessionmaker(engine)
+    pool = await create_pool(db_url, size=1, name="bench-ingest")
     try:
         await conn.execute("DELETE FROM projects WHERE name = $1", INGEST_PROJECT)
         project_id = uuid.uuid4()
         await conn.execute(
             "INSERT INTO projects (id, name) VALUES ($1, $2)", project_id, INGEST_PROJECT
         )
-        async with engine.connect() as warm:  # the pool's connection, opened untimed
-            await warm.exec_driver_sql("SELECT 1")
         upserts: list[float] = []
         copies: list[float] = []
         for round_no in range(args.ingest_rounds):
@@ -1031,7 +1058,7 @@ async def measure_ingest(args: argparse.Namespace, db_url: str) -> dict[str, Any
             for kind in order:
                 runs = await new_ingest_runs(conn, project_id, n_runs, args.ingest_step)
                 if kind == "upsert":
-                    seconds = await ingest_upserts(maker, runs, steps)
+                    seconds = await ingest_steps_written(pool, runs, steps)
                     upserts.append(rows / seconds)
                 else:
                     seconds = await ingest_copy(conn, project_id, runs, steps)
@@ -1053,7 +1080,7 @@ async def measure_ingest(args: argparse.Namespace, db_url: str) -> dict[str, Any
         await conn.execute("VACUUM (ANALYZE) trajectories")
         cleanup_s = time.perf_counter() - started
     finally:
-        await engine.dispose()
+        await pool.close()
         await conn.close()
     upsert_med, copy_med = statistics.median(upserts), statistics.median(copies)
     return {
@@ -1161,7 +1188,8 @@ def render_section(results: dict[str, Any]) -> str:
     ingest = results.get("ingest")
     if ingest:
         rows.append(
-            f"| ingest: `upsert_rollouts`, {ingest['step_size']} rollouts per committed step,"
+            f"| ingest: the workers' `step_moves` ({ingest['step_size']} scored rollouts, then"
+            " the step's metrics: two statements per step),"
             f" vs one COPY ({ingest['rows_per_round']:,} rows each, median of"
             f" {ingest['rounds']} rounds) | {ingest['upsert_rows_per_s']:,} vs"
             f" {ingest['copy_rows_per_s']:,} rows/s: {100 * ingest['upsert_over_copy']:.0f}%"
@@ -1331,7 +1359,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ingest-rounds",
         type=int,
         default=3,
-        help="rounds of upsert and COPY, alternating which goes first (default 3)",
+        help="rounds of the workers' writes and COPY, alternating which goes first (default 3)",
     )
     p.add_argument(
         "--ingest-step", type=int, default=64, help="rollouts per step and commit (default 64)"

@@ -45,3 +45,33 @@ async def create_run(
         ).scalar_one()
         await s.commit()
         return run
+
+
+async def add_trajectories(
+    maker: async_sessionmaker[AsyncSession], run_id: uuid.UUID, step: int, count: int, **row: Any
+) -> None:
+    """``count`` rollouts of one group at ``step`` of the run (its project and learning key
+    copied as the workers' writes copy them); ``row`` overrides columns (``reward`` …)."""
+    url = maker.kw["bind"].url.render_as_string(hide_password=False)
+    conn = await asyncpg.connect(**connect_kwargs(url))
+    try:
+        await conn.executemany(
+            """
+            INSERT INTO trajectories (id, run_id, project_id, learning_key, step, group_index,
+                                      rollout_index, messages, reward)
+            SELECT gen_random_uuid(), id, project_id, learning_key, $2, 0, $3, $4::jsonb, $5
+              FROM runs WHERE id = $1
+            """,
+            [
+                (
+                    run_id,
+                    step,
+                    i,
+                    json.dumps(row.get("messages", [{"role": "assistant", "content": "a"}])),
+                    row.get("reward", 0.5),
+                )
+                for i in range(count)
+            ],
+        )
+    finally:
+        await conn.close()

@@ -14,10 +14,12 @@ from contextlib import asynccontextmanager
 from functools import lru_cache
 from typing import Any, TypeVar
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import app.models  # noqa: F401  (every table registered before the first query)
 from app.core.db import make_engine, make_sessionmaker, session_scope
+from app.core.pg import create_pool
 from app.core.services import database_url
 from app.core.settings import Settings, get_settings
 
@@ -32,8 +34,11 @@ class Runtime:
             target=self.loop.run_forever, name="trainyard-db", daemon=True
         )
         self._thread.start()
-        self.engine = make_engine(database_url(settings), pool_size=4)
+        self.url = database_url(settings)
+        self.engine = make_engine(self.url, pool_size=4)
         self.sessionmaker: async_sessionmaker[AsyncSession] = make_sessionmaker(self.engine)
+        self._pg: asyncpg.Pool | None = None
+        self._pg_lock = asyncio.Lock()
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
         """Run ``coro`` on the runtime loop and wait for its result (from any other thread)."""
@@ -43,6 +48,17 @@ class Runtime:
     async def session(self) -> AsyncIterator[AsyncSession]:
         async with session_scope(self.sessionmaker) as session:
             yield session
+
+    @asynccontextmanager
+    async def pg(self) -> AsyncIterator[asyncpg.Connection]:
+        """A plain asyncpg connection, for the per-step statements (``app.runs.step_moves``)
+        that run while the trainer waits."""
+        if self._pg is None:
+            async with self._pg_lock:
+                if self._pg is None:
+                    self._pg = await create_pool(self.url, size=2, name="trainyard-worker")
+        async with self._pg.acquire() as conn:
+            yield conn
 
 
 @lru_cache

@@ -34,11 +34,11 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
-async def create_pool(url: str, *, size: int) -> asyncpg.Pool:
+async def create_pool(url: str, *, size: int, name: str = "trainyard-api") -> asyncpg.Pool:
     return await asyncpg.create_pool(
         **connect_kwargs(url),
         min_size=1,
         max_size=size,
         init=init_connection,
-        server_settings={"application_name": "trainyard-api"},
+        server_settings={"application_name": name},
     )

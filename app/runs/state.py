@@ -110,62 +110,6 @@ async def transition(
     write count only for the worker holding the lease. ``values`` are extra columns set in
     the same UPDATE (step, metrics …). Returns the updated run.
     """
-    moved = await _apply(
-        session,
-        run_id,
-        dst,
-        expected=expected,
-        fence=fence,
-        message=message,
-        error=error,
-        data=data,
-        values=values,
-        load=True,
-    )
-    assert moved is not None
-    return moved
-
-
-async def advance(
-    session: AsyncSession,
-    run_id: uuid.UUID,
-    dst: RunStatus,
-    *,
-    expected: RunStatus | frozenset[RunStatus] | None = None,
-    fence: Fence | None = None,
-    message: str | None = None,
-    data: dict[str, Any] | None = None,
-    values: dict[str, Any] | None = None,
-) -> None:
-    """:func:`transition` without reading the run back: the training loop's per-step moves,
-    where every statement costs the trainer time."""
-    await _apply(
-        session,
-        run_id,
-        dst,
-        expected=expected,
-        fence=fence,
-        message=message,
-        error=None,
-        data=data,
-        values=values,
-        load=False,
-    )
-
-
-async def _apply(
-    session: AsyncSession,
-    run_id: uuid.UUID,
-    dst: RunStatus,
-    *,
-    expected: RunStatus | frozenset[RunStatus] | None,
-    fence: Fence | None,
-    message: str | None,
-    error: str | None,
-    data: dict[str, Any] | None,
-    values: dict[str, Any] | None,
-    load: bool,
-) -> Run | None:
     row = (
         await session.execute(
             select(col(Run.status), col(Run.version), col(Run.lease_owner), col(Run.attempt))
@@ -217,13 +161,8 @@ async def _apply(
     stmt = stmt.values(**changes).execution_options(
         synchronize_session=False, populate_existing=True
     )
-    updated: Run | None = None
-    if load:
-        updated = (await session.execute(stmt.returning(Run))).scalar_one_or_none()
-        done = updated is not None
-    else:
-        done = (await session.execute(stmt.returning(col(Run.id)))).first() is not None
-    if not done:
+    updated = (await session.execute(stmt.returning(Run))).scalar_one_or_none()
+    if updated is None:
         current = await session.scalar(select(col(Run.status)).where(col(Run.id) == run_id))
         raise TransitionConflict(
             run_id,

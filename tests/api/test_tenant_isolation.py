@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app.trajectories.service import upsert_rollouts
 from tests.conftest import run_body
+from tests.factories import add_trajectories
 
 PUBLIC = {"/healthz", "/readyz"}
 
@@ -30,14 +30,7 @@ async def _openapi_operations(client: httpx.AsyncClient) -> list[tuple[str, str,
 async def _owned_ids(client: httpx.AsyncClient, owner: Any, sessionmaker: Any) -> dict[str, str]:
     """One of each kind of thing a path can name, owned by ``owner``'s project."""
     run = (await client.post("/runs", json=run_body(), headers=owner.headers)).json()
-    async with sessionmaker() as s:
-        await upsert_rollouts(
-            s,
-            uuid.UUID(run["id"]),
-            0,
-            [{"group_index": 0, "rollout_index": 0, "messages": [], "reward": 1.0}],
-        )
-        await s.commit()
+    await add_trajectories(sessionmaker, uuid.UUID(run["id"]), 0, 1)
     trajectory = (await client.get("/trajectories", headers=owner.headers)).json()["data"][0]
     dataset = await client.post(
         "/datasets",

@@ -212,25 +212,13 @@ async def test_cursor_is_stable_while_rows_are_inserted(
 ) -> None:
     """Rows written while a reader pages through never shift or repeat a page: newest first
     they land before the reader's position, oldest first after it (and are then read)."""
-    from app.trajectories.service import upsert_rollouts
-    from tests.factories import create_run
+    from tests.factories import add_trajectories, create_run
 
     tenant = await make_tenant()
     run = await create_run(sessionmaker, project_id=tenant.project_id)
 
     async def write(step: int) -> None:
-        async with sessionmaker() as s:
-            rollouts = [
-                {
-                    "group_index": 0,
-                    "rollout_index": i,
-                    "messages": [{"role": "assistant", "content": "a"}],
-                    "reward": 0.5,
-                }
-                for i in range(3)
-            ]
-            await upsert_rollouts(s, run.id, step, rollouts)
-            await s.commit()
+        await add_trajectories(sessionmaker, run.id, step, 3)
 
     for step in range(4):
         await write(step)

@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import os
 
-from sqlalchemy import update
 from sqlalchemy.dialects.postgresql import insert
 
 from app.metrics.models import MetricPoint
+from app.runs import step_moves
 from app.runs.status import RunStatus
-from app.trajectories.models import Trajectory
-from app.trajectories.service import upsert_rollouts
 from workers.context import RunContext
 
 S = RunStatus
@@ -29,6 +27,7 @@ async def ticking(ctx: RunContext) -> None:
     if run.attempt <= int(run.config.get("die_at_start", 0)):
         os._exit(17)  # the worker dies right after its claim, before its first heartbeat
     tick = float(run.config.get("tick", 0.2))
+    ttl = ctx.settings.lease_ttl_seconds
     steps = run.max_steps or 3
     groups = run.grpo.get("groups_per_step", 2)
     status = S(run.status)
@@ -42,30 +41,35 @@ async def ticking(ctx: RunContext) -> None:
     while True:
         if status == S.COLLECTING:
             await _tick(ctx, tick)
-            async with ctx.session() as session:
-                rollouts = [
-                    {
-                        "group_index": g,
-                        "rollout_index": r,
-                        "messages": [
-                            {"role": "user", "content": f"s{step}g{g}"},
-                            {"role": "assistant", "content": "a" * r},
-                        ],
-                    }
-                    for g in range(groups)
-                    for r in range(run.rollouts_per_group)
-                ]
-                await upsert_rollouts(session, ctx.run_id, step, rollouts)
-            status = S((await ctx.move(S.SCORING, expected=S.COLLECTING)).status)
+            rollouts = [
+                {
+                    "group_index": g,
+                    "rollout_index": r,
+                    "messages": [
+                        {"role": "user", "content": f"s{step}g{g}"},
+                        {"role": "assistant", "content": "a" * r},
+                    ],
+                }
+                for g in range(groups)
+                for r in range(run.rollouts_per_group)
+            ]
+            async with ctx.runtime.pg() as conn:
+                await step_moves.rollouts_collected(
+                    conn, ctx.run_id, ctx.fence, step, rollouts, ttl_seconds=ttl
+                )
+            status = S.SCORING
         if status == S.SCORING:
             await _tick(ctx, tick)
-            async with ctx.session() as session:
-                await session.execute(
-                    update(Trajectory)
-                    .where(Trajectory.run_id == ctx.run_id, Trajectory.step == step)
-                    .values(reward=Trajectory.rollout_index / 10)
+            rewards = [
+                {"group_index": g, "rollout_index": r, "reward": r / 10}
+                for g in range(groups)
+                for r in range(run.rollouts_per_group)
+            ]
+            async with ctx.runtime.pg() as conn:
+                await step_moves.rewards_scored(
+                    conn, ctx.run_id, ctx.fence, step, rewards, ttl_seconds=ttl
                 )
-            status = S((await ctx.move(S.TRAINING, expected=S.SCORING)).status)
+            status = S.TRAINING
         if status == S.TRAINING:
             if run.config.get("die_in_training"):
                 os._exit(17)  # a poison run: the worker process dies on every attempt

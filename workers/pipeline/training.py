@@ -32,10 +32,10 @@ from typing import Any
 from app.checkpoints import service as checkpoints
 from app.events import service as events
 from app.metrics import service as metrics
+from app.runs import step_moves
 from app.runs.models import Run
-from app.runs.state import LeaseLost, advance, transition
+from app.runs.state import transition
 from app.runs.status import RunStatus
-from app.trajectories import service as trajectories
 from workers.context import RunContext, StopRequested
 from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.pipeline.writes import WriteBehind
@@ -180,44 +180,36 @@ class StepBridge:
         self.ctx.check(pause_ok=False)
         return rewards
 
-    # Each write commits its data with the phase change, fenced by the transition.
+    # Each write commits its data with the phase change, fenced on the lease: one statement
+    # each (app.runs.step_moves), since the trainer waits on none of them but shares the GIL.
     async def _store_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
-        async with self.ctx.runtime.session() as session:
-            await self._rollouts_stored(session, step, rollouts)
+        async with self.ctx.runtime.pg() as conn:
+            await step_moves.rollouts_collected(
+                conn, self.ctx.run_id, self.ctx.fence, step, rollouts, ttl_seconds=self._ttl
+            )
 
     async def _store_rewards(self, step: int, rows: list[dict[str, Any]]) -> None:
-        async with self.ctx.runtime.session() as session:
-            await self._rewards_stored(session, step, rows)
+        async with self.ctx.runtime.pg() as conn:
+            await step_moves.rewards_scored(
+                conn, self.ctx.run_id, self.ctx.fence, step, rows, ttl_seconds=self._ttl
+            )
 
     async def _store_scored_rollouts(self, step: int, scored: list[dict[str, Any]]) -> None:
-        """Rollouts with their rewards in one statement, then both phase moves."""
-        async with self.ctx.runtime.session() as session:
-            await self._rollouts_stored(session, step, scored)
-            await self._rewards_stored(session, step, [])
+        """Rollouts with their rewards, and both phase moves, in one statement."""
+        async with self.ctx.runtime.pg() as conn:
+            await step_moves.rollouts_collected(
+                conn,
+                self.ctx.run_id,
+                self.ctx.fence,
+                step,
+                scored,
+                ttl_seconds=self._ttl,
+                scored=True,
+            )
 
-    async def _rollouts_stored(
-        self, session: Any, step: int, rollouts: list[dict[str, Any]]
-    ) -> None:
-        await trajectories.upsert_rollouts(session, self.ctx.run_id, step, rollouts)
-        await advance(
-            session,
-            self.ctx.run_id,
-            S.SCORING,
-            expected=S.COLLECTING,
-            fence=self.ctx.fence,
-            message=f"step {step}: {len(rollouts)} rollouts stored; scoring",
-        )
-
-    async def _rewards_stored(self, session: Any, step: int, rows: list[dict[str, Any]]) -> None:
-        await trajectories.set_rewards(session, self.ctx.run_id, step, rows)
-        await advance(
-            session,
-            self.ctx.run_id,
-            S.TRAINING,
-            expected=S.SCORING,
-            fence=self.ctx.fence,
-            message=f"step {step}: rewards stored; training",
-        )
+    @property
+    def _ttl(self) -> float:
+        return self.ctx.settings.lease_ttl_seconds
 
 
 def make_callback(
@@ -301,29 +293,19 @@ def make_callback(
             """The step's metrics, summary and event; the run moves on to the next step's
             collecting in the same transaction (or stays in training after the last)."""
             reward = values.get("reward_mean")
-            async with ctx.runtime.session() as session:
-                await metrics.record(session, ctx.run_id, step, values)
-                progress = {"step": step, "epoch": epoch, "metrics": summary}
-                if step < len(plan):
-                    await advance(
-                        session,
-                        ctx.run_id,
-                        S.COLLECTING,
-                        expected=S.TRAINING,
-                        fence=ctx.fence,
-                        message=f"step {step + 1}: collecting rollouts",
-                        data={"step": step + 1},
-                        values=progress,
-                    )
-                else:
-                    await fenced_update(session, ctx, progress)
-                await events.append(
-                    session,
+            async with ctx.runtime.pg() as conn:
+                await step_moves.step_finished(
+                    conn,
                     ctx.run_id,
-                    "step",
-                    f"step {step}/{len(plan)} done"
+                    ctx.fence,
+                    step,
+                    epoch,
+                    metrics=values,
+                    summary=summary,
+                    last=step >= len(plan),
+                    event=f"step {step}/{len(plan)} done"
                     + (f": reward {reward:.3f}" if reward is not None else ""),
-                    data={"step": step, "reward_mean": reward, "loss": values.get("loss")},
+                    ttl_seconds=ctx.settings.lease_ttl_seconds,
                 )
 
         def _evaluated(self, step: int, logs: dict[str, Any]) -> None:
@@ -598,20 +580,3 @@ async def _start_collecting(ctx: RunContext) -> None:
                 message=f"step {row.step + 1}: collecting rollouts",
                 data={"step": row.step + 1},
             )
-
-
-async def fenced_update(session: Any, ctx: RunContext, values: dict[str, Any]) -> None:
-    """Set run columns only while this worker holds the lease."""
-    from sqlalchemy import update
-
-    result = await session.execute(
-        update(Run)
-        .where(
-            Run.id == ctx.run_id,  # type: ignore[arg-type]
-            Run.lease_owner == ctx.fence.owner,  # type: ignore[arg-type]
-            Run.attempt == ctx.fence.attempt,  # type: ignore[arg-type]
-        )
-        .values(**values, version=Run.version + 1)
-    )
-    if not result.rowcount:
-        raise LeaseLost(ctx.run_id)
