@@ -13,7 +13,7 @@ from app.auth.deps import Caller
 from app.checkpoints.models import Checkpoint
 from app.core.deps import ReadSession
 from app.core.errors import problem_responses
-from app.core.pagination import Page, Paging, decode_cursor, make_page
+from app.core.pagination import Page, Paging, cursor_int32, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
 
 router = APIRouter(prefix="/runs/{run_id}/checkpoints", tags=["checkpoints"])
@@ -48,7 +48,7 @@ async def list_run_checkpoints(
     await ensure_run_visible(session, caller.project_id, run_id)
     query = select(Checkpoint).where(col(Checkpoint.run_id) == run_id)
     if page.after:
-        query = query.where(col(Checkpoint.step) > decode_cursor(page.after, int)[0])
+        query = query.where(col(Checkpoint.step) > decode_cursor(page.after, cursor_int32)[0])
     rows = list(
         (
             await session.execute(query.order_by(col(Checkpoint.step)).limit(page.limit + 1))

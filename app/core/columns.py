@@ -7,6 +7,11 @@ from typing import Any
 from sqlalchemy import Column, DateTime, func, text
 from sqlalchemy.dialects.postgresql import JSONB
 
+# The largest values of PostgreSQL's integer and bigint: a query parameter compared with such
+# a column must fit it, or the driver refuses the statement (a 500, not a 422).
+INT32_MAX = 2**31 - 1
+INT64_MAX = 2**63 - 1
+
 
 def timestamp(*, nullable: bool = False, default_now: bool = True, index: bool = False) -> Any:
     return Column(

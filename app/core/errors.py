@@ -7,13 +7,16 @@ unexpected into ``application/problem+json``; validation problems name each offe
 
 from __future__ import annotations
 
+import functools
 import logging
+import re
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -21,11 +24,31 @@ log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
 TYPE_BASE = "https://trainyard.dev/problems/"
 
+# ``errors[].type`` of the rejections a request that matches the OpenAPI document can still
+# get, because no document can state them: fields each valid alone but not together (an
+# inverted range, exclusive options, one setting a multiple of another), a cursor the server
+# never handed out (it is opaque: only the server can read it), an Idempotency-Key first
+# used with another body, an id in the body that names nothing the project has.
+INCONSISTENT = "inconsistent"
+INVALID_CURSOR = "invalid_cursor"
+KEY_REUSED = "idempotency_key_reused"
+UNKNOWN_REFERENCE = "unknown_reference"
+
+
+def inconsistent(message: str) -> PydanticCustomError:
+    """Raise it from a validator that compares fields: the 422 says ``type: inconsistent``."""
+    return PydanticCustomError(INCONSISTENT, "{message}", {"message": message})
+
 
 class FieldError(BaseModel):
     field: str = Field(description="Where the problem is: body.x.y, query.limit, header.X, …")
     message: str
-    type: str | None = None
+    type: str | None = Field(
+        default=None,
+        description="Why, for programs: pydantic's error type (string_too_long, …), "
+        f"'{INCONSISTENT}' for fields valid alone but not together, '{INVALID_CURSOR}', "
+        f"'{KEY_REUSED}', '{UNKNOWN_REFERENCE}'.",
+    )
 
 
 class ProblemDetail(BaseModel):
@@ -51,6 +74,7 @@ class Problem(Exception):
         detail: str | None = None,
         *,
         field: str | None = None,
+        error_type: str | None = None,
         type_: str | None = None,
         headers: dict[str, str] | None = None,
         **extra: Any,
@@ -61,7 +85,9 @@ class Problem(Exception):
         self.detail = detail
         self.type = type_ or "about:blank"
         self.headers = headers
-        self.errors = [FieldError(field=field, message=detail or title)] if field else None
+        self.errors = (
+            [FieldError(field=field, message=detail or title, type=error_type)] if field else None
+        )
         self.extra = extra
 
 
@@ -131,6 +157,10 @@ _STATUS_TITLES = {
 }
 
 
+# FastAPI's 400 for a JSON body its parser failed on other than by JSONDecodeError.
+_UNPARSABLE_BODY = "There was an error parsing the body"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(request: Request, exc: Problem) -> JSONResponse:
@@ -158,14 +188,33 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 400 and exc.detail == _UNPARSABLE_BODY:
+            # FastAPI's answer when the JSON parser raises anything but JSONDecodeError:
+            # bytes that are not UTF-8, nesting deeper than the parser recurses. Malformed
+            # JSON all the same, so the same 422 as any other.
+            cause = type(exc.__cause__).__name__ if exc.__cause__ else "error"
+            error = FieldError(
+                field="body", message=f"not a JSON document ({cause})", type="json_invalid"
+            )
+            return problem_response(
+                422,
+                "Validation failed",
+                f"body: {error.message}",
+                instance=request.url.path,
+                errors=[error],
+            )
         title = _STATUS_TITLES.get(exc.status_code, "Error")
         detail = exc.detail if isinstance(exc.detail, str) and exc.detail != title else None
+        headers = getattr(exc, "headers", None)
+        allow = allowed_methods(request) if exc.status_code == 405 else None
+        if allow:
+            headers = {**(headers or {}), "Allow": allow}
         return problem_response(
             exc.status_code,
             title,
             detail,
             instance=request.url.path,
-            headers=getattr(exc, "headers", None),
+            headers=headers,
         )
 
     @app.exception_handler(Exception)
@@ -177,6 +226,27 @@ def install_error_handlers(app: FastAPI) -> None:
             "The server failed to handle this request; it has been logged.",
             instance=request.url.path,
         )
+
+
+def allowed_methods(request: Request) -> str | None:
+    """The methods the OpenAPI document gives the request's path, for a 405's ``Allow``
+    (Starlette names only those of the first route matching the path, and ``GET /datasets``
+    and ``POST /datasets`` are two routes); None for a path the document does not have."""
+    document = request.app.openapi()
+    path = request.scope.get("path", "")
+    for template, operations in document.get("paths", {}).items():
+        if _template_regex(template).fullmatch(path):
+            return ", ".join(sorted(m.upper() for m in operations if m in _HTTP_METHODS))
+    return None
+
+
+_HTTP_METHODS = frozenset({"get", "put", "post", "delete", "options", "head", "patch", "trace"})
+
+
+@functools.lru_cache(maxsize=256)
+def _template_regex(template: str) -> re.Pattern[str]:
+    parts = re.split(r"(\{[^/{}]+\})", template)
+    return re.compile("".join("[^/]+" if p.startswith("{") else re.escape(p) for p in parts))
 
 
 def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:

@@ -20,7 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import Field, SQLModel, col
 
 from app.core.columns import jsonb, timestamp
-from app.core.errors import Problem
+from app.core.errors import KEY_REUSED, Problem
 from app.core.time import utcnow
 
 KEY_TTL = timedelta(hours=24)
@@ -99,6 +99,7 @@ async def replay(
             "Idempotency-Key reused with a different body",
             "This Idempotency-Key was first used with another request body; use a new key.",
             field="header.Idempotency-Key",
+            error_type=KEY_REUSED,
         )
     return Replay(row["status_code"], row["response"])
 

@@ -12,9 +12,10 @@ from starlette.requests import ClientDisconnect
 
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
-from app.core.errors import Problem, problem_responses
-from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.errors import INCONSISTENT, Problem, problem_responses
+from app.core.pagination import Paging, cursor_int32, decode_cursor, make_page
 from app.core.settings import app_settings
+from app.core.storable import NO_NUL
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetRow
 from app.datasets.schemas import DatasetPublic, DatasetRowPublic, DatasetRowsPage, DatasetsPage
@@ -52,9 +53,11 @@ _REQUEST_BODY: dict[str, Any] = {
                 "required": ["file"],
                 "properties": {
                     "file": {"type": "string", "format": "binary"},
-                    "name": {"type": "string", "maxLength": MAX_NAME_CHARS},
+                    "name": {"type": "string", "maxLength": MAX_NAME_CHARS, "pattern": NO_NUL},
                 },
-            }
+                "additionalProperties": False,
+            },
+            "encoding": {"file": {"contentType": "application/x-ndjson"}},
         },
         "application/x-ndjson": {"schema": {"type": "string", "format": "binary"}},
     },
@@ -94,6 +97,7 @@ async def create_dataset(
         Query(
             min_length=1,
             max_length=MAX_NAME_CHARS,
+            pattern=NO_NUL,
             description="The dataset's name (a multipart body may send it as a field instead).",
         ),
     ] = None,
@@ -119,8 +123,11 @@ async def create_dataset(
                 "Validation failed",
                 "name is given both as a query parameter and as a form field.",
                 field="body.name",
+                error_type=INCONSISTENT,
             )
-        name = name or upload.name or (upload.filename or "")[:MAX_NAME_CHARS] or None
+        # The file's name is only a default: what PostgreSQL cannot store (NUL) is replaced.
+        filename = (upload.filename or "").replace("\x00", "\ufffd")
+        name = name or upload.name or filename[:MAX_NAME_CHARS] or None
     elif media_type in JSONL_MEDIA_TYPES:
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > settings.max_dataset_bytes:
@@ -198,7 +205,7 @@ async def list_dataset_rows(
 ) -> dict[str, object]:
     """The dataset's rows, by index; `split` keeps one split."""
     await service.ensure_dataset_visible(session, caller.project_id, dataset_id)
-    after = decode_cursor(page.after, int)[0] if page.after else None
+    after = decode_cursor(page.after, cursor_int32)[0] if page.after else None
     rows = await service.list_rows(session, dataset_id, split=split, limit=page.limit, after=after)
     return make_page(rows, page.limit, _row_cursor, DatasetRowPublic.model_validate)
 

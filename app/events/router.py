@@ -18,8 +18,9 @@ from sqlalchemy import select
 from sqlmodel import col
 
 from app.auth.deps import Caller
+from app.core.columns import INT64_MAX
 from app.core.deps import ReadSession
-from app.core.errors import Problem, problem_responses
+from app.core.errors import problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
 from app.core.settings import app_settings
 from app.events import service
@@ -53,6 +54,33 @@ def _sse(event: RunEvent) -> str:
     return f"id: {event.id}\nevent: {event.type}\ndata: {payload}\n\n"
 
 
+# One Server-Sent Event (Open API before 3.2 has an event stream's schema describe each
+# event): a run event, or the last one, `end`, with the run's final status.
+_SSE_EVENT = {
+    "type": "object",
+    "required": ["data"],
+    "properties": {
+        "id": {"type": "string", "pattern": "^[0-9]+$", "description": "The event's id."},
+        "event": {"type": "string", "description": "The run event's type, or `end`."},
+        "data": {
+            "type": "string",
+            "contentMediaType": "application/json",
+            "contentSchema": {
+                "anyOf": [
+                    {"$ref": "#/components/schemas/RunEventPublic"},
+                    {
+                        "type": "object",
+                        "required": ["status"],
+                        "properties": {"status": {"type": ["string", "null"]}},
+                    },
+                ]
+            },
+        },
+        "retry": {"type": "integer", "description": "Reconnect delay in milliseconds."},
+    },
+}
+
+
 @router.get(
     "/stream",
     operation_id="stream_run_events",
@@ -60,7 +88,7 @@ def _sse(event: RunEvent) -> str:
     responses={
         200: {
             "description": "text/event-stream of run events; `id:` is the event id.",
-            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+            "content": {"text/event-stream": {"schema": _SSE_EVENT}},
         },
         **problem_responses(401, 404, 422),
     },
@@ -70,19 +98,26 @@ async def stream_run_events(
     caller: Caller,
     session: ReadSession,
     request: Request,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=20)] = None,
-    after: Annotated[int | None, Query(ge=0, description="Start after this event id.")] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            max_length=20,
+            pattern=r"^[0-9]+$",
+            description="Resume after this event id (what the last `id:` said).",
+        ),
+    ] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=INT64_MAX, description="Start after this event id.")
+    ] = None,
 ) -> StreamingResponse:
     """Live events of the run; ends after the run reaches a terminal status."""
     await ensure_run_visible(session, caller.project_id, run_id)
     await session.close()  # the stream opens short sessions of its own
     start = after or 0
     if last_event_id is not None:
-        if not last_event_id.isdigit():
-            raise Problem(
-                422, "Invalid Last-Event-ID", "Must be an event id.", field="header.Last-Event-ID"
-            )
-        start = int(last_event_id)
+        # Past the largest event id there can be: nothing to resume, as after the last one.
+        start = min(int(last_event_id), INT64_MAX)
     maker = request.app.state.sessionmaker
     settings = app_settings(request)
 

@@ -12,7 +12,7 @@ from sqlmodel import col
 from app.auth.deps import Caller
 from app.core.deps import ReadSession
 from app.core.errors import problem_responses
-from app.core.pagination import Page, Paging, decode_cursor, make_page
+from app.core.pagination import Page, Paging, cursor_int32, decode_cursor, make_page
 from app.inputs.models import TaskInput
 from app.runs.service import ensure_run_visible
 
@@ -53,7 +53,7 @@ async def list_run_inputs(
     if split is not None:
         query = query.where(col(TaskInput.split) == split)
     if page.after:
-        query = query.where(col(TaskInput.index) > decode_cursor(page.after, int)[0])
+        query = query.where(col(TaskInput.index) > decode_cursor(page.after, cursor_int32)[0])
     rows = list(
         (
             await session.execute(query.order_by(col(TaskInput.index)).limit(page.limit + 1))

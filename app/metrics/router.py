@@ -9,8 +9,10 @@ from sqlalchemy import select
 from sqlmodel import col
 
 from app.auth.deps import Caller
+from app.core.columns import INT32_MAX
 from app.core.deps import ReadSession
-from app.core.errors import Problem, problem_responses
+from app.core.errors import INCONSISTENT, Problem, problem_responses
+from app.core.storable import NO_NUL
 from app.metrics.models import MetricPoint
 from app.runs.service import ensure_run_visible
 
@@ -45,15 +47,20 @@ async def get_run_metrics(
     caller: Caller,
     session: ReadSession,
     name: Annotated[
-        list[str] | None, Query(max_length=50, description="Only these series.")
+        list[Annotated[str, Query(max_length=128, pattern=NO_NUL)]] | None,
+        Query(max_length=50, description="Only these series."),
     ] = None,
-    step_min: Annotated[int | None, Query(ge=0)] = None,
-    step_max: Annotated[int | None, Query(ge=0)] = None,
+    step_min: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    step_max: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
 ) -> RunMetrics:
     """Per-step metric series of the run (reward mean/std, loss, kl …), by step."""
     if step_min is not None and step_max is not None and step_min > step_max:
         raise Problem(
-            422, "Invalid step range", "step_min exceeds step_max.", field="query.step_min"
+            422,
+            "Invalid step range",
+            "step_min exceeds step_max.",
+            field="query.step_min",
+            error_type=INCONSISTENT,
         )
     await ensure_run_visible(session, caller.project_id, run_id)
     query = select(col(MetricPoint.name), col(MetricPoint.step), col(MetricPoint.value)).where(

@@ -7,9 +7,12 @@ Mapped onto TRL's ``GRPOConfig`` by the training stage. The run's top-level
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from app.core.errors import inconsistent
+from app.core.storable import NUL_FREE
 
 
 class LoraSettings(BaseModel):
@@ -18,17 +21,18 @@ class LoraSettings(BaseModel):
     r: int = Field(default=16, ge=1, le=1024, description="LoRA rank.")
     alpha: int = Field(default=32, ge=1, le=4096)
     dropout: float = Field(default=0.0, ge=0, lt=1)
-    target_modules: list[str] | Literal["all-linear"] = Field(
-        default="all-linear", description="Modules to adapt; TRL refuses lm_head."
-    )
+    target_modules: (
+        Annotated[
+            list[Annotated[str, NUL_FREE, Field(json_schema_extra={"not": {"const": "lm_head"}})]],
+            Field(min_length=1),
+        ]
+        | Literal["all-linear"]
+    ) = Field(default="all-linear", description="Modules to adapt; TRL refuses lm_head.")
 
     @model_validator(mode="after")
     def _no_lm_head(self) -> LoraSettings:
-        if isinstance(self.target_modules, list):
-            if not self.target_modules:
-                raise ValueError("target_modules must not be empty")
-            if "lm_head" in self.target_modules:
-                raise ValueError("lm_head cannot be a LoRA target module (TRL refuses it)")
+        if isinstance(self.target_modules, list) and "lm_head" in self.target_modules:
+            raise ValueError("lm_head cannot be a LoRA target module (TRL refuses it)")
         return self
 
 
@@ -86,23 +90,25 @@ class GrpoSettings(BaseModel):
     # Inference engine for rollouts
     engine: Literal["transformers", "vllm-colocate", "vllm-server"] = "transformers"
     vllm_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    vllm_dtype: str = Field(default="auto", max_length=20)
+    vllm_dtype: Annotated[str, NUL_FREE] = Field(default="auto", max_length=20)
     vllm_max_model_len: int | None = Field(default=None, ge=1)
-    vllm_server_url: str | None = Field(default=None, max_length=500, pattern=r"^https?://")
+    vllm_server_url: Annotated[str, NUL_FREE] | None = Field(
+        default=None, max_length=500, pattern=r"^https?://"
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> GrpoSettings:
         if self.bf16 and self.fp16:
-            raise ValueError("bf16 and fp16 are exclusive: choose one")
+            raise inconsistent("bf16 and fp16 are exclusive: choose one")
         if self.engine == "vllm-server" and not self.vllm_server_url:
-            raise ValueError("engine 'vllm-server' needs vllm_server_url")
+            raise inconsistent("engine 'vllm-server' needs vllm_server_url")
         if self.eval_steps and self.load_best_model_at_end and self.save_steps % self.eval_steps:
-            raise ValueError(
+            raise inconsistent(
                 "save_steps must be a multiple of eval_steps when load_best_model_at_end is "
                 "set (the best model is chosen among evaluated checkpoints)"
             )
         if self.groups_per_step % self.gradient_accumulation_steps:
-            raise ValueError(
+            raise inconsistent(
                 "groups_per_step must be a multiple of gradient_accumulation_steps (each "
                 "micro-batch holds whole groups)"
             )

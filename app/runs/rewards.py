@@ -11,12 +11,20 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-_DOTTED = re.compile(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$")
+from app.core.errors import inconsistent
+from app.core.storable import NUL_FREE, STORABLE_OBJECT
 
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
 BUILTIN_REWARDS = frozenset(
     {"exact_match", "regex", "json_valid", "length_target", "char_fraction"}
 )
+# A built-in, or 'package.module:function' (ASCII, so that every reader of the document's
+# regular expression, JSON Schema's included, means the same names).
+_FUNCTION_NAME = (
+    f"^({'|'.join(sorted(BUILTIN_REWARDS))}"
+    r"|[A-Za-z_][A-Za-z0-9_.]*[:.][A-Za-z_][A-Za-z0-9_]*)$"
+)
+_FUNCTION_NAME_RE = re.compile(_FUNCTION_NAME.removesuffix("$") + r"\Z")
 
 
 class Strict(BaseModel):
@@ -26,10 +34,10 @@ class Strict(BaseModel):
 class JudgeEndpoint(Strict):
     """Any OpenAI-compatible chat endpoint (vLLM, Ollama, OpenAI …)."""
 
-    base_url: str = Field(
+    base_url: Annotated[str, NUL_FREE] = Field(
         max_length=500, pattern=r"^https?://", description="e.g. http://host:8000/v1"
     )
-    model: str = Field(min_length=1, max_length=300)
+    model: Annotated[str, NUL_FREE] = Field(min_length=1, max_length=300)
     api_key_env: str | None = Field(
         default=None,
         max_length=100,
@@ -49,7 +57,7 @@ class RulerReward(Strict):
     judge: JudgeEndpoint | None = Field(
         default=None, description="Judge endpoint; unset: the workers' default judge."
     )
-    rubric: str | None = Field(default=None, max_length=20_000)
+    rubric: Annotated[str, NUL_FREE] | None = Field(default=None, max_length=20_000)
     temperature: float = Field(default=0.0, ge=0, le=2)
 
 
@@ -62,7 +70,7 @@ class RimJudges(Strict):
     @model_validator(mode="after")
     def _one_active(self) -> RimJudges:
         if not any(self.model_dump().values()):
-            raise ValueError("at least one RIM judge must be active")
+            raise inconsistent("at least one RIM judge must be active")
         return self
 
 
@@ -85,32 +93,29 @@ class RimReward(Strict):
     type: Literal["rim"]
     small_model: JudgeEndpoint
     large_model: JudgeEndpoint | None = None
-    temperatures: list[float] = Field(default=[0.2, 0.5, 0.8], min_length=1, max_length=8)
+    temperatures: list[Annotated[float, Field(ge=0, le=2)]] = Field(
+        default=[0.2, 0.5, 0.8], min_length=1, max_length=8
+    )
     variance_threshold: float = Field(default=0.15, ge=0, le=1)
     uncertainty_threshold: float = Field(default=0.3, ge=0, le=1)
     active_judges: RimJudges = Field(default_factory=RimJudges)
     consistency_rules: ConsistencyRules = Field(default_factory=ConsistencyRules)
     anti_gaming: AntiGaming = Field(default_factory=AntiGaming)
 
-    @model_validator(mode="after")
-    def _temperatures(self) -> RimReward:
-        if any(not 0 <= t <= 2 for t in self.temperatures):
-            raise ValueError("temperatures must lie in [0, 2]")
-        return self
-
 
 class RewardFunction(Strict):
     name: str = Field(
         max_length=300,
+        json_schema_extra={"pattern": _FUNCTION_NAME},
         description=f"A built-in ({', '.join(sorted(BUILTIN_REWARDS))}) or a dotted import "
         "path 'package.module:function' importable on the workers.",
     )
     weight: float = Field(default=1.0, ge=0, le=1000)
-    args: dict[str, Any] = Field(default_factory=dict)
+    args: Annotated[dict[str, Any], STORABLE_OBJECT] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _known(self) -> RewardFunction:
-        if self.name not in BUILTIN_REWARDS and not _DOTTED.match(self.name):
+        if not _FUNCTION_NAME_RE.match(self.name):
             raise ValueError(
                 f"unknown reward function {self.name!r}: use a built-in "
                 f"({', '.join(sorted(BUILTIN_REWARDS))}) or 'package.module:function'"
@@ -127,7 +132,7 @@ class FunctionReward(Strict):
     @model_validator(mode="after")
     def _weights(self) -> FunctionReward:
         if sum(f.weight for f in self.functions) <= 0:
-            raise ValueError("reward function weights must not all be zero")
+            raise inconsistent("reward function weights must not all be zero")
         return self
 
 

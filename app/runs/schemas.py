@@ -9,11 +9,13 @@ from __future__ import annotations
 import math
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from app.core.errors import inconsistent
 from app.core.pagination import Page
+from app.core.storable import NUL_FREE, STORABLE_OBJECT
 from app.runs.grpo import GrpoSettings
 from app.runs.rewards import JudgeEndpoint, RewardSpec, RulerReward
 from app.runs.status import RunStatus
@@ -24,8 +26,8 @@ MAX_INLINE_INPUTS = 10_000
 class InputItem(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    input_text: str = Field(min_length=1, max_length=32_000)
-    context: dict[str, Any] | None = Field(
+    input_text: Annotated[str, NUL_FREE] = Field(min_length=1, max_length=32_000)
+    context: Annotated[dict[str, Any], STORABLE_OBJECT] | None = Field(
         default=None, description="Task context, e.g. {'answer': '42'} for exact-match rewards."
     )
     split: str = Field(default="train", pattern=r"^(train|validation)$")
@@ -85,12 +87,14 @@ class RunCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model_name: str = Field(
+    model_name: Annotated[str, NUL_FREE] = Field(
         min_length=1, max_length=500, description="Base model: a folder on the workers or hub id."
     )
-    task_description: str = Field(min_length=1, max_length=20_000)
-    trained_model_name: str | None = Field(default=None, min_length=1, max_length=500)
-    system_prompt: str | None = Field(default=None, max_length=20_000)
+    task_description: Annotated[str, NUL_FREE] = Field(min_length=1, max_length=20_000)
+    trained_model_name: Annotated[str, NUL_FREE] | None = Field(
+        default=None, min_length=1, max_length=500
+    )
+    system_prompt: Annotated[str, NUL_FREE] | None = Field(default=None, max_length=20_000)
     num_examples: int = Field(
         default=100,
         ge=1,
@@ -104,7 +108,7 @@ class RunCreate(BaseModel):
     learning_rate: float = Field(default=1e-5, gt=0, lt=1)
     num_epochs: int = Field(default=1, ge=1, le=10_000)
     max_steps: int | None = Field(default=None, ge=1, le=10_000_000)
-    learning_key: str | None = Field(
+    learning_key: Annotated[str, NUL_FREE] | None = Field(
         default=None,
         max_length=200,
         description="Groups runs of one task so their trajectories can be pulled together.",
@@ -128,7 +132,9 @@ class RunCreate(BaseModel):
     )
     reward: RewardSpec = Field(default_factory=lambda: RulerReward(type="ruler"))
     grpo: GrpoSettings = Field(default_factory=GrpoSettings)
-    config: dict[str, Any] = Field(default_factory=dict, description="Free-form extra settings.")
+    config: Annotated[dict[str, Any], STORABLE_OBJECT] = Field(
+        default_factory=dict, description="Free-form extra settings."
+    )
 
     @field_validator(
         "model_name",
@@ -138,6 +144,8 @@ class RunCreate(BaseModel):
         "learning_key",
         "config",
         "reward",
+        "grpo",
+        "generator",
     )
     @classmethod
     def _storable(cls, value: Any) -> Any:
@@ -151,13 +159,13 @@ class RunCreate(BaseModel):
     def _inputs_or_dataset(cls, value: uuid.UUID | None, info: ValidationInfo) -> uuid.UUID | None:
         # A field validator, so the problem names body.dataset_id (inputs is validated first).
         if value is not None and info.data.get("inputs") is not None:
-            raise ValueError("give either inputs or dataset_id, not both")
+            raise inconsistent("give either inputs or dataset_id, not both")
         return value
 
     @model_validator(mode="after")
     def _inputs(self) -> RunCreate:
         if self.inputs is not None and not any(i.split == "train" for i in self.inputs):
-            raise ValueError("inputs must contain at least one item with split 'train'")
+            raise inconsistent("inputs must contain at least one item with split 'train'")
         return self
 
 

@@ -31,6 +31,10 @@ class TrainingDataError(ValueError):
         self.message = message
 
 
+class EmptyRangeError(TrainingDataError):
+    """A range whose lower end is above its upper end (``min_reward`` > ``max_reward``)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Filters:
     """Every filter of a trajectory (or run) query; ``None`` means "any"."""
@@ -65,11 +69,11 @@ class Filters:
         lo = _reward("min_reward", min_reward)
         hi = _reward("max_reward", max_reward)
         if lo is not None and hi is not None and lo > hi:
-            raise TrainingDataError("min_reward", f"{lo} exceeds max_reward {hi}")
+            raise EmptyRangeError("min_reward", f"{lo} exceeds max_reward {hi}")
         start = _instant("start_date", start_date, end_of_day=False)
         end = _instant("end_date", end_date, end_of_day=True)
         if start is not None and end is not None and start > end:
-            raise TrainingDataError("start_date", "is after end_date")
+            raise EmptyRangeError("start_date", "is after end_date")
         return cls(
             min_reward=lo,
             max_reward=hi,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
@@ -16,11 +16,21 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from app.auth.deps import Caller
-from app.core.errors import Problem, problem_responses
+from app.core.columns import INT32_MAX
+from app.core.errors import INCONSISTENT, Problem, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.storable import NO_NUL
+from app.core.time import DayOrInstant
 from app.runs.status import RunStatus
 from app.training_data import queries
-from app.training_data.filters import Filters, Order, TrainingDataError
+from app.training_data.filters import (
+    MAX_KEY_CHARS,
+    MAX_LIST_VALUES,
+    EmptyRangeError,
+    Filters,
+    Order,
+    TrainingDataError,
+)
 from app.trajectories.schemas import TrajectoriesPage, TrajectoryPublic
 
 router = APIRouter(prefix="/trajectories", tags=["training data"])
@@ -33,29 +43,38 @@ _QUERY_NAMES = {
 }
 
 
-def _utc(value: datetime | None) -> datetime | None:
-    """Query datetimes without a zone are UTC (the server's zone is nobody's business)."""
-    return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+# What Filters accepts as a learning key, said in the document too.
+LearningKey = Annotated[str, Query(min_length=1, max_length=MAX_KEY_CHARS, pattern=NO_NUL)]
 
 
 def trajectory_filters(
     caller: Caller,
     min_reward: Annotated[float | None, Query(description="Inclusive lower bound.")] = None,
     max_reward: Annotated[float | None, Query(description="Inclusive upper bound.")] = None,
-    run_id: Annotated[list[uuid.UUID] | None, Query(description="Repeat for several.")] = None,
+    run_id: Annotated[
+        list[uuid.UUID] | None,
+        Query(max_length=MAX_LIST_VALUES, description="Repeat for several."),
+    ] = None,
     learning_key: Annotated[
-        list[str] | None, Query(max_length=200, description="The runs' grouping key.")
+        list[LearningKey] | None,
+        Query(max_length=MAX_LIST_VALUES, description="The runs' grouping key."),
     ] = None,
     status: Annotated[
-        list[RunStatus] | None, Query(description="The run's current status.")
+        list[RunStatus] | None,
+        Query(max_length=MAX_LIST_VALUES, description="The run's current status."),
     ] = None,
     start_date: Annotated[
-        datetime | None, Query(description="Written at or after (ISO 8601; UTC if no zone).")
+        DayOrInstant | None,
+        Query(description="Written at or after (ISO 8601; UTC if no zone; a date: its start)."),
     ] = None,
     end_date: Annotated[
-        datetime | None, Query(description="Written at or before (ISO 8601; UTC if no zone).")
+        DayOrInstant | None,
+        Query(description="Written at or before (ISO 8601; UTC if no zone; a date: its end)."),
     ] = None,
-    step: Annotated[list[Annotated[int, Query(ge=0)]] | None, Query()] = None,
+    step: Annotated[
+        list[Annotated[int, Query(ge=0, le=INT32_MAX)]] | None,
+        Query(max_length=MAX_LIST_VALUES),
+    ] = None,
 ) -> Filters:
     try:
         return Filters.build(
@@ -65,8 +84,8 @@ def trajectory_filters(
             run_ids=run_id,
             learning_key=learning_key,
             statuses=status,
-            start_date=_utc(start_date),
-            end_date=_utc(end_date),
+            start_date=start_date,
+            end_date=end_date,
             steps=step,
         )
     except TrainingDataError as exc:
@@ -75,6 +94,7 @@ def trajectory_filters(
             "Invalid filter",
             exc.message,
             field=f"query.{_QUERY_NAMES.get(exc.field, exc.field)}",
+            error_type=INCONSISTENT if isinstance(exc, EmptyRangeError) else None,
         ) from exc
 
 

@@ -8,9 +8,10 @@ from sqlalchemy import func, select
 from sqlmodel import col
 
 from app.auth.deps import Caller
+from app.core.columns import INT32_MAX
 from app.core.deps import ReadSession
-from app.core.errors import Problem, problem_responses
-from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.errors import INCONSISTENT, Problem, problem_responses
+from app.core.pagination import Paging, cursor_int32, decode_cursor, make_page
 from app.runs.service import ensure_run_visible
 from app.trajectories.models import Trajectory
 from app.trajectories.schemas import TrajectoriesPage, TrajectoryPublic
@@ -29,14 +30,18 @@ async def list_run_trajectories(
     caller: Caller,
     session: ReadSession,
     page: Paging,
-    step: Annotated[int | None, Query(ge=0)] = None,
+    step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
     min_reward: float | None = None,
     max_reward: float | None = None,
 ) -> dict[str, object]:
     """The run's trajectories by (step, group, rollout), optionally filtered by reward."""
     if min_reward is not None and max_reward is not None and min_reward > max_reward:
         raise Problem(
-            422, "Invalid reward range", "min_reward exceeds max_reward.", field="query.min_reward"
+            422,
+            "Invalid reward range",
+            "min_reward exceeds max_reward.",
+            field="query.min_reward",
+            error_type=INCONSISTENT,
         )
     await ensure_run_visible(session, caller.project_id, run_id)
     query = select(Trajectory).where(col(Trajectory.run_id) == run_id)
@@ -48,7 +53,7 @@ async def list_run_trajectories(
         query = query.where(col(Trajectory.reward) <= max_reward)
     order = (col(Trajectory.step), col(Trajectory.group_index), col(Trajectory.rollout_index))
     if page.after:
-        position = decode_cursor(page.after, int, int, int)
+        position = decode_cursor(page.after, cursor_int32, cursor_int32, cursor_int32)
         query = query.where(func.row(*order) > func.row(*position))
     rows = list((await session.execute(query.order_by(*order).limit(page.limit + 1))).scalars())
     return make_page(
