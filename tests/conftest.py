@@ -25,6 +25,20 @@ from app.core.settings import get_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# Modules that cost seconds to collect, collected only when ``-m`` can select their marker:
+# Schemathesis builds every operation's coverage cases while the fuzz is being collected.
+_COLLECTED_ONLY_WITH_MARK = {ROOT / "tests" / "chaos" / "test_openapi_fuzz.py": "chaos"}
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    mark = _COLLECTED_ONLY_WITH_MARK.get(collection_path)
+    if mark is None or not config.option.markexpr:
+        return None
+    from _pytest.mark.expression import Expression
+
+    selected = Expression.compile(config.option.markexpr).evaluate(lambda name, **_: name == mark)
+    return True if not selected else None
+
 
 def _base_urls(tmp_home: Path) -> tuple[str, str, list[Any]]:
     """The configured URLs, or embedded servers (and the ones this session started)."""
