@@ -12,9 +12,10 @@ from fastapi import FastAPI
 from app.auth.service import KeyCache
 from app.checkpoints.router import router as checkpoints_router
 from app.core.db import make_engine, make_sessionmaker
-from app.core.errors import install_error_handlers
+from app.core.errors import install_error_handlers, problem_responses
 from app.core.limits import BodySizeLimit
 from app.core.pg import create_pool
+from app.core.ratelimit import RateLimiter, RateLimitHeaders
 from app.core.services import database_url, redis_url
 from app.core.settings import Settings, get_settings
 from app.datasets.router import router as datasets_router
@@ -50,7 +51,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             engine.execution_options(isolation_level="AUTOCOMMIT")
         )
         app.state.key_cache = KeyCache()
-        app.state.celery = make_celery(redis_url(settings), settings.broker_prefix)
+        broker = redis_url(settings)
+        app.state.celery = make_celery(broker, settings.broker_prefix)
+        app.state.rate_limiter = (
+            RateLimiter(
+                broker,
+                rate=settings.rate_limit_per_second,
+                burst=settings.rate_limit_burst,
+                prefix=settings.broker_prefix,
+            )
+            if settings.rate_limit_per_second > 0
+            else None
+        )
         # Everything built so far lives as long as the process: keep it out of the garbage
         # collector's full passes, which otherwise show up as latency spikes.
         gc.collect()
@@ -58,6 +70,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if app.state.rate_limiter is not None:
+                await app.state.rate_limiter.aclose()
             await app.state.pg.close()
             await engine.dispose()
 
@@ -68,8 +82,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.include_router(health_router)
+    # Every other route needs a key, and any keyed request may be rate-limited.
     for router in (
-        health_router,
         runs_router,
         events_router,
         metrics_router,
@@ -79,7 +94,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         training_data_router,
         datasets_router,
     ):
-        app.include_router(router)
+        app.include_router(router, responses=problem_responses(429))
+    if settings.rate_limit_per_second > 0:
+        app.add_middleware(RateLimitHeaders)
     app.add_middleware(
         BodySizeLimit,
         max_bytes=settings.max_body_bytes,

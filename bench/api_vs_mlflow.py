@@ -761,6 +761,10 @@ def bench_trainyard(
             args.pg_url, "bench_trainyard", "postgresql+asyncpg"
         )
         env["TRAINYARD_REDIS_URL"] = args.redis_url
+        # Measure the API, not its limits: the create measurement alone makes thousands of
+        # pending runs with one key. --trainyard-env turns them back on to measure their cost.
+        env["TRAINYARD_RATE_LIMIT_PER_SECOND"] = "0"
+        env["TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT"] = "0"
         for item in args.trainyard_env:
             k, _, v = item.partition("=")
             env[k] = v
@@ -1003,7 +1007,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="extra environment for the Trainyard server the harness starts",
+        help="extra environment for the Trainyard server the harness starts (its rate limit "
+        "and active-run cap are off unless set here)",
     )
     p.add_argument("--mlflow-spec", default=MLFLOW_SPEC, help="pip requirement for MLflow")
     p.add_argument(

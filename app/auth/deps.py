@@ -1,18 +1,35 @@
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.auth.service import Principal, authenticate
-from app.core.errors import Problem
+from app.core.errors import TYPE_BASE, Problem
+from app.core.ratelimit import STATE_KEY, Decision, RateLimiter
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ty_…`")
 
 
 def _unauthorized(detail: str) -> Problem:
     return Problem(401, "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+def _rate_limited(limiter: RateLimiter, decision: Decision) -> Problem:
+    retry_after = max(1, math.ceil(decision.retry_after))
+    return Problem(
+        429,
+        "Too Many Requests",
+        f"This API key may make {limiter.rate:g} requests per second, in bursts of up to "
+        f"{limiter.burst}; retry in {retry_after} s.",
+        type_=TYPE_BASE + "rate-limited",
+        headers={
+            "Retry-After": str(retry_after),
+            **{name.decode(): value.decode() for name, value in decision.headers()},
+        },
+    )
 
 
 async def current_principal(
@@ -26,6 +43,13 @@ async def current_principal(
     )
     if principal is None:
         raise _unauthorized("Unknown or revoked API key.")
+    limiter: RateLimiter | None = request.app.state.rate_limiter
+    if limiter is not None:
+        decision = await limiter.hit(principal.key_id.hex)
+        if decision is not None:  # None: Redis is unreachable, and the request goes through
+            if not decision.allowed:
+                raise _rate_limited(limiter, decision)
+            setattr(request.state, STATE_KEY, decision)
     return principal
 
 

@@ -91,6 +91,26 @@ class Settings(BaseSettings):
         description="Largest JSONL file POST /datasets accepts (413 above); that route alone "
         "may exceed max_body_bytes.",
     )
+    rate_limit_per_second: float = Field(
+        default=100.0,
+        ge=0,
+        description="Requests per second each API key may make on average, counted across "
+        "every API process in Redis; above it the answer is 429 with Retry-After. 0 turns "
+        "the limit off. If Redis cannot be reached, requests are let through.",
+    )
+    rate_limit_burst: int = Field(
+        default=200,
+        ge=1,
+        description="Requests a key may make at once before rate_limit_per_second applies "
+        "(a key idle for burst / rate seconds has its whole burst again).",
+    )
+    max_active_runs_per_project: int = Field(
+        default=100,
+        ge=0,
+        description="Most runs one project may have that are not finished (pending, "
+        "working or paused; a run being cancelled no longer counts); POST /runs beyond it "
+        "is a 429. 0: no limit.",
+    )
 
     @property
     def artifacts(self) -> Path:

@@ -4,6 +4,11 @@ Creating a run is one statement: the run, its inline inputs, its first event and
 ``pg_notify`` that wakes the reconciler, all atomic and all delivered only on commit. A run
 that names a dataset has a sibling statement of the same shape that copies the dataset's
 rows (``INSERT … SELECT``) instead of unpacking inline inputs.
+
+With a cap on a project's active runs, the create runs in a transaction that first takes the
+project's advisory lock and then counts its active runs: creates in one project queue on the
+lock, and each count (a statement of its own, so its snapshot is taken after the lock is
+held) sees every run committed before it, so concurrent creates cannot overshoot the cap.
 """
 
 from __future__ import annotations
@@ -13,9 +18,10 @@ from typing import Any
 
 import asyncpg
 
-from app.core.errors import Problem
+from app.core.errors import TYPE_BASE, Problem
 from app.runs.dispatch import DUE_CHANNEL
 from app.runs.schemas import RunCreate, RunPublic
+from app.runs.status import TERMINAL, RunStatus
 
 PUBLIC_COLUMNS = ", ".join(RunPublic.model_fields)
 
@@ -78,15 +84,75 @@ _DATASET_TRAIN_ROWS = "SELECT num_train_rows FROM datasets WHERE id = $1 AND pro
 
 _GET = f"SELECT {PUBLIC_COLUMNS} FROM runs WHERE id = $1 AND project_id = $2"
 
+# Advisory locks are keyed (class, object): this class is "a project's run creation", the
+# object the project id's first four bytes. A collision only makes two projects' creates
+# queue on one lock.
+_CREATE_LOCK_CLASS = 0x74790001
+_LOCK_PROJECT = "SELECT pg_advisory_xact_lock($1::int4, $2::int4)"
+_ACTIVE_STATUSES = [s.value for s in RunStatus if s not in TERMINAL]
+# A run whose cancel was requested is on its way out (within a heartbeat): it frees its slot
+# at once, so "cancel one" works as the 429 says. The LIMIT bounds the count at the cap,
+# whatever the project's history (ix_runs_project_status_created serves it).
+_COUNT_ACTIVE = """
+SELECT count(*) FROM (
+    SELECT 1 FROM runs
+    WHERE project_id = $1 AND status = ANY($2::text[]) AND NOT cancel_requested
+    LIMIT $3
+) active
+"""
+
+
+class ActiveRunLimit(Problem):
+    def __init__(self, active: int, limit: int) -> None:
+        super().__init__(
+            429,
+            "Too many active runs",
+            f"This project has {active} active runs and the limit is {limit}; cancel one "
+            "or wait for one to finish.",
+            type_=TYPE_BASE + "active-run-limit",
+            active_runs=active,
+            limit=limit,
+        )
+
+
+async def _check_active_runs(conn: asyncpg.Connection, project_id: uuid.UUID, limit: int) -> None:
+    """Hold the project's create lock until the transaction ends; 429 if at the cap."""
+    object_id = int.from_bytes(project_id.bytes[:4], "big", signed=True)
+    await conn.execute(_LOCK_PROJECT, _CREATE_LOCK_CLASS, object_id)
+    active = await conn.fetchval(_COUNT_ACTIVE, project_id, _ACTIVE_STATUSES, limit)
+    if active >= limit:
+        raise ActiveRunLimit(active, limit)
+
 
 async def insert_run(
-    conn: asyncpg.Connection, project_id: uuid.UUID, body: RunCreate
+    conn: asyncpg.Connection,
+    project_id: uuid.UUID,
+    body: RunCreate,
+    *,
+    max_active: int = 0,
 ) -> dict[str, Any]:
     """Insert the run, its inputs and its "created" event; it is due once committed.
 
     With ``body.dataset_id`` the inputs are the dataset's rows; a dataset this project cannot
-    see, or one without train rows, is a 422 naming ``body.dataset_id``.
+    see, or one without train rows, is a 422 naming ``body.dataset_id``. With ``max_active``
+    (0: no cap) a project that already has that many active runs gets
+    :class:`ActiveRunLimit` (429) and nothing is inserted.
     """
+    if max_active > 0:
+        # The count must be read committed: a snapshot older than the lock would miss runs
+        # committed while this request waited for it.
+        if conn.is_in_transaction():
+            await _check_active_runs(conn, project_id, max_active)
+            return await _insert_run(conn, project_id, body)
+        async with conn.transaction(isolation="read_committed"):
+            await _check_active_runs(conn, project_id, max_active)
+            return await _insert_run(conn, project_id, body)
+    return await _insert_run(conn, project_id, body)
+
+
+async def _insert_run(
+    conn: asyncpg.Connection, project_id: uuid.UUID, body: RunCreate
+) -> dict[str, Any]:
     run_id = uuid.uuid4()
     if body.dataset_id is not None:
         return await _insert_run_from_dataset(conn, project_id, run_id, body, body.dataset_id)

@@ -4,6 +4,7 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
+import asyncpg
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
@@ -12,6 +13,7 @@ from app.core import idempotency
 from app.core.deps import ReadSession, Session
 from app.core.errors import NotFound, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.settings import app_settings
 from app.runs import repository, service
 from app.runs.models import Run
 from app.runs.schemas import RunCreate, RunPublic, RunsPage
@@ -54,6 +56,18 @@ class _KeyTaken(Exception):
     pass
 
 
+async def _key_answered(conn: asyncpg.Connection, project_id: uuid.UUID, key: str) -> bool:
+    """Whether ``key`` holds an answer that idempotency.record() would not take over."""
+    found = await conn.fetchval(
+        "SELECT true FROM idempotency_keys WHERE project_id = $1 AND key = $2"
+        " AND created_at >= now() - $3::interval",
+        project_id,
+        key,
+        idempotency.KEY_TTL,
+    )
+    return bool(found)
+
+
 @router.post(
     "",
     status_code=202,
@@ -73,19 +87,25 @@ async def create_run(
     request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    """Create a run and queue it. Answers 202 with the run and its `Location`."""
+    """Create a run and queue it. Answers 202 with the run and its `Location`.
+
+    A project with `max_active_runs_per_project` unfinished runs gets a 429 instead (a
+    replay of an `Idempotency-Key` already answered is still replayed)."""
+    max_active = app_settings(request).max_active_runs_per_project
     async with request.app.state.pg.acquire() as conn:
         if idempotency_key is None:
-            # One atomic statement: no transaction round trips needed.
+            # One atomic statement (a short transaction when the cap is on).
             run = RunPublic.model_validate(
-                await repository.insert_run(conn, caller.project_id, body)
+                await repository.insert_run(conn, caller.project_id, body, max_active=max_active)
             )
             return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
         fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
         try:
-            async with conn.transaction():
+            async with conn.transaction(isolation="read_committed"):
                 run = RunPublic.model_validate(
-                    await repository.insert_run(conn, caller.project_id, body)
+                    await repository.insert_run(
+                        conn, caller.project_id, body, max_active=max_active
+                    )
                 )
                 stored = await idempotency.record(
                     conn,
@@ -97,17 +117,20 @@ async def create_run(
                 )
                 if not stored:
                     raise _KeyTaken  # roll back this run; answer as the first request was
+        except repository.ActiveRunLimit:
+            # At the cap, a retry of a create that went through must still get its answer.
+            if not await _key_answered(conn, caller.project_id, idempotency_key):
+                raise
+            replay = await idempotency.replay(conn, caller.project_id, idempotency_key, fingerprint)
         except _KeyTaken:
             replay = await idempotency.replay(conn, caller.project_id, idempotency_key, fingerprint)
-            return JSONResponse(
-                replay.response,
-                status_code=replay.status_code,
-                headers={
-                    "Location": f"/runs/{replay.response['id']}",
-                    "Idempotent-Replayed": "true",
-                },
-            )
-    return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
+        else:
+            return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
+    return JSONResponse(
+        replay.response,
+        status_code=replay.status_code,
+        headers={"Location": f"/runs/{replay.response['id']}", "Idempotent-Replayed": "true"},
+    )
 
 
 @router.get(
