@@ -14,6 +14,7 @@ from app.checkpoints.router import router as checkpoints_router
 from app.core.db import make_engine, make_sessionmaker
 from app.core.errors import install_error_handlers, problem_responses
 from app.core.limits import BodySizeLimit
+from app.core.openapi import install_openapi
 from app.core.pg import create_pool
 from app.core.ratelimit import RateLimiter, RateLimitHeaders
 from app.core.services import database_url, redis_url
@@ -95,6 +96,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         datasets_router,
     ):
         app.include_router(router, responses=problem_responses(429))
+    install_openapi(app, settings)  # links, exact parameters, the page size cap
     if settings.rate_limit_per_second > 0:
         app.add_middleware(RateLimitHeaders)
     app.add_middleware(

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from app.core.errors import TYPE_BASE, Problem
+from app.core.errors import TYPE_BASE, UNKNOWN_REFERENCE, Problem
 from app.runs.dispatch import DUE_CHANNEL
 from app.runs.schemas import RunCreate, RunPublic
 from app.runs.status import TERMINAL, RunStatus
@@ -213,12 +213,20 @@ async def _insert_run_from_dataset(
     )
     if row is None:
         train_rows = await conn.fetchval(_DATASET_TRAIN_ROWS, dataset_id, project_id)
-        detail = (
-            f"Dataset {dataset_id} not found."
-            if train_rows is None
-            else f"Dataset {dataset_id} has no train rows to train on."
+        if train_rows is None:
+            raise Problem(
+                422,
+                "Unusable dataset",
+                f"Dataset {dataset_id} not found.",
+                field="body.dataset_id",
+                error_type=UNKNOWN_REFERENCE,
+            )
+        raise Problem(
+            422,
+            "Unusable dataset",
+            f"Dataset {dataset_id} has no train rows to train on.",
+            field="body.dataset_id",
         )
-        raise Problem(422, "Unusable dataset", detail, field="body.dataset_id")
     run = dict(row)
     del run["notified"]
     return run

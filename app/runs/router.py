@@ -14,6 +14,8 @@ from app.core.deps import ReadSession, Session
 from app.core.errors import NotFound, problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
 from app.core.settings import app_settings
+from app.core.storable import NO_NUL
+from app.core.time import Instant
 from app.runs import repository, service
 from app.runs.models import Run
 from app.runs.schemas import RunCreate, RunPublic, RunsPage
@@ -144,10 +146,10 @@ async def list_runs(
     session: ReadSession,
     page: Paging,
     status: Annotated[list[RunStatus] | None, Query(max_length=9)] = None,
-    model_name: Annotated[str | None, Query(max_length=500)] = None,
-    learning_key: Annotated[str | None, Query(max_length=200)] = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
+    model_name: Annotated[str | None, Query(max_length=500, pattern=NO_NUL)] = None,
+    learning_key: Annotated[str | None, Query(max_length=200, pattern=NO_NUL)] = None,
+    created_after: Instant | None = None,
+    created_before: Instant | None = None,
 ) -> dict[str, object]:
     """The project's runs, newest first."""
     after = None

@@ -40,12 +40,10 @@ def assert_problem(r: Any, status: int, field: str, error_type: str | None = Non
 
 def test_the_page_size_cap_is_in_the_document() -> None:
     """`limit` had no documented maximum, so a schema-valid 1000 was refused."""
-    from app.core.openapi import install_openapi
     from app.main import create_app
 
     settings = get_settings()
     app = create_app(settings)
-    install_openapi(app, settings)
     operation = app.openapi()["paths"]["/datasets"]["get"]
     limit = next(p for p in operation["parameters"] if p["name"] == "limit")
     assert limit["schema"]["maximum"] == settings.max_page_size
@@ -217,19 +215,14 @@ async def test_datetimes_at_the_edges_of_utc_are_bounds_not_500(client, tenant, 
         assert r.status_code == 200, r.text
 
 
-# GET /runs still has these; its router is being changed elsewhere right now. Each test
-# passing (a strict xfail) means the fix landed and the marker goes.
-_RUNS_ROUTER = "app/runs/router.py: declare created_after/created_before app.core.time.Instant"
-_RUNS_TEXT = "app/runs/router.py: model_name/learning_key need Query(pattern=NO_NUL)"
+# GET /runs: the same rules as every other list.
 
 
-@pytest.mark.xfail(strict=True, reason=_RUNS_ROUTER)
 async def test_run_list_datetime_filters_take_iso_8601_only(client, tenant) -> None:
     r = await client.get("/runs", params={"created_before": "0.5"}, headers=tenant.headers)
     assert_problem(r, 422, "query.created_before")
 
 
-@pytest.mark.xfail(strict=True, reason=_RUNS_ROUTER)
 async def test_run_list_datetimes_at_the_edges_of_utc_are_not_500(client, tenant) -> None:
     r = await client.get(
         "/runs", params={"created_after": "0001-01-01T00:00:00+05:00"}, headers=tenant.headers
@@ -237,7 +230,6 @@ async def test_run_list_datetimes_at_the_edges_of_utc_are_not_500(client, tenant
     assert r.status_code == 200, r.text
 
 
-@pytest.mark.xfail(strict=True, reason=_RUNS_TEXT)
 @pytest.mark.parametrize("name", ["model_name", "learning_key"])
 async def test_run_list_text_filters_with_nul_are_422_not_500(client, tenant, name) -> None:
     r = await client.get("/runs", params={name: "a\x00"}, headers=tenant.headers)

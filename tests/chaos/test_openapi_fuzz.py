@@ -143,7 +143,7 @@ def _unforeseeable(response: schemathesis.Response) -> bool:
     problem = response.json()
     return all(
         error.get("type") in (INCONSISTENT, INVALID_CURSOR, KEY_REUSED, UNKNOWN_REFERENCE)
-        # app/runs/repository.py does not say UNKNOWN_REFERENCE here yet.
+        # A dataset the project has, but with only validation rows: nothing to train on.
         or (problem.get("title"), error.get("field")) == ("Unusable dataset", "body.dataset_id")
         for error in problem.get("errors") or [{}]
     )
