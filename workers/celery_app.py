@@ -23,7 +23,7 @@ TASK_ROUTES = {
 }
 
 
-def make_celery(broker_url: str, prefix: str = "") -> Celery:
+def make_celery(broker_url: str, prefix: str = "", visibility_timeout: float = 3600.0) -> Celery:
     app = Celery("trainyard", broker=broker_url, include=["workers.tasks"])
     app.conf.update(
         task_queues=[Queue(name) for name in QUEUES],
@@ -40,7 +40,11 @@ def make_celery(broker_url: str, prefix: str = "") -> Celery:
         # Redelivery of an unacknowledged task: far longer than a heartbeat period, so only
         # a lost worker's task comes back, and then the lease decides.
         broker_transport_options={
-            "visibility_timeout": 3600,
+            "visibility_timeout": visibility_timeout,
+            # How often a worker looks for tasks past their visibility timeout: every scan
+            # (not every tenth), at most every 10 s, and twice per timeout when it is short.
+            "unacked_restore_interval": min(10.0, max(0.5, visibility_timeout / 2)),
+            "unacked_restore_throttle": 1,
             "socket_connect_timeout": 2,
             "socket_timeout": 5,
             **({"global_keyprefix": prefix} if prefix else {}),
@@ -59,4 +63,6 @@ def make_celery(broker_url: str, prefix: str = "") -> Celery:
 @lru_cache
 def get_celery() -> Celery:
     settings = get_settings()
-    return make_celery(redis_url(settings), settings.broker_prefix)
+    return make_celery(
+        redis_url(settings), settings.broker_prefix, settings.broker_visibility_timeout_seconds
+    )

@@ -64,6 +64,13 @@ class Settings(BaseSettings):
         description="An unheld live run whose task was published this long ago is published "
         "again (covers a lost message, a flushed broker, a crash between commit and publish).",
     )
+    broker_visibility_timeout_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description="Redis gives an unacknowledged task to another worker after this long. "
+        "Far above a heartbeat, so only a lost worker's task comes back; a task redelivered "
+        "while its run is still leased is refused by the lease.",
+    )
     pipeline: str = Field(
         default="workers.pipeline:run_pipeline",
         description="The coroutine function (module:name) a worker runs for each claimed run.",

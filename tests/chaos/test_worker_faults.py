@@ -198,3 +198,28 @@ async def test_killed_while_writing_a_checkpoint_resumes_from_the_last_complete_
             )
         )
         assert sorted(saved.scalars()) == [10, 20, 30]
+
+
+async def test_visibility_timeout_shorter_than_the_task_is_refused_by_the_lease(
+    client, tenant, sessionmaker, start_worker
+) -> None:
+    """Redis hands the still-running task to the other worker after 2 s; the lease (and its
+    fencing token) turns the duplicate away, so only one process ever does the work."""
+    env = {"TRAINYARD_BROKER_VISIBILITY_TIMEOUT_SECONDS": "2"}
+    workers = [start_worker(**env), start_worker(**env)]
+    run = (
+        await client.post(
+            "/runs",
+            json=run_body(max_steps=4, rollouts_per_group=ROLLOUTS, config={"tick": 1.0}),
+            headers=tenant.headers,
+        )
+    ).json()
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed", within=90)
+    assert done.attempt == 1  # never claimed twice
+    claims = [e for e in await _events(sessionmaker, run["id"]) if e.type == "lease"]
+    assert len(claims) == 1
+    logs = "".join(w.output() for w in workers)
+    # The redelivery happened (the same task received again) and was refused.
+    assert f"run {run['id']}: not-claimed" in logs, logs[-4000:]
+    rows = await _trajectory_keys(sessionmaker, run["id"])
+    assert rows == [(s, g, r) for s in range(4) for g in range(GROUPS) for r in range(ROLLOUTS)]
