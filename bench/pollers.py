@@ -1,0 +1,2150 @@
+#!/usr/bin/env python3
+"""Pollers while a run trains (issue 5, scenario 14): 200 concurrent clients polling a run
+(GET /runs/{id}, a page of its events, its metric series) for 60 s while the run trains on
+the real pipeline and writes its trajectories. Targets: zero errors, GET p99 under 50 ms,
+and the training step no more than 10 % slower than without the pollers.
+
+One invocation starts PostgreSQL's bench database (``bench_pollers``), the API under uvicorn,
+one Celery worker, and a long run of ``configs/runs/letters.yaml`` on the tiny model. After a
+warm-up it measures, on the same run and the same machine: ``--baseline`` s without pollers,
+``--duration`` s with them, ``--baseline`` s without again, and compares the median step
+time of the middle phase with the mean of the two outer ones, so machine noise weighs on
+both sides. With ``--pin`` (the default on machines with 4 CPUs or fewer) the worker, and the
+PostgreSQL backends serving it, stay on the first CPU and everything else this script
+started (API, its backends, the pollers, the harness) on the others; ``--compare-unpinned``
+repeats the three phases without pinning. The results replace the section between the
+pollers markers in docs/benchmarks.md; a JSON summary goes to stdout. See bench/README.md.
+
+    .venv/bin/python bench/pollers.py                                  # ~4 min
+    .venv/bin/python bench/pollers.py --compare-unpinned               # ~6.5 min
+    .venv/bin/python bench/pollers.py --duration 10 --pollers 50 --baseline 10 \\
+        --output /tmp/p.md                                             # a quick look
+
+Needs PostgreSQL (trust or password auth; the database bench_pollers is dropped and created,
+and dropped again at the end unless --keep) and Redis (db 13, keys under a prefix of their
+own). Standard library, httpx, psutil, yaml, and the project in .venv.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import collections
+import contextlib
+import dataclasses
+import datetime as dt
+import importlib.metadata
+import itertools
+import json
+import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
+import os
+import platform
+import random
+import re
+import resource
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import uuid
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+BENCH = REPO / "bench"
+for _path in (str(BENCH), str(REPO)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# The process, database and report helpers of the other benchmarks.
+from api_vs_mlflow import (  # noqa: E402
+    OUT,
+    BenchError,
+    Server,
+    free_port,
+    log,
+    machine_description,
+    pg_query,
+    pg_url_for,
+    recreate_database,
+    run_checked,
+    start_server,
+    stop_on_exit,
+    trainyard_version,
+    wait_for_quiet,
+    wait_ready,
+    write_section,
+)
+from service_vs_script import (  # noqa: E402
+    clear_broker_keys,
+    cpu_of,
+    loadavg,
+    thread_env,
+    wait_for_log,
+)
+
+MARK_START = "<!-- pollers:start -->"
+MARK_END = "<!-- pollers:end -->"
+PRESET = REPO / "configs" / "runs" / "letters.yaml"
+DB_NAME = "bench_pollers"
+TERMINAL = {"completed", "failed", "cancelled"}
+ENDPOINTS = ("run", "events", "metrics")
+ENDPOINT_PATHS = {
+    "run": "GET /runs/{id}",
+    "events": "GET /runs/{id}/events",
+    "metrics": "GET /runs/{id}/metrics",
+}
+TARGET_P99_MS = 50.0
+TARGET_SLOWDOWN = 0.10
+STEP_METRIC = "step_seconds"  # workers/pipeline/training.py: on_step_begin → the step's log
+# Other benchmarks whose load would pollute the numbers (warned about, named in the report).
+# Other load that would pollute the numbers on a small machine: other benchmarks, test runs,
+# load generators. Waited for before each configuration, watched during it.
+OTHER_LOAD = re.compile(r"bench/(?!pollers\.py)\w+\.py|\bpytest\b|(?:^|/)wrk\b")
+
+
+# ---------------------------------------------------------------------------- the pollers
+
+
+@dataclasses.dataclass
+class PollerConfig:
+    """What one client process runs: ``pollers`` loops sharing one httpx client."""
+
+    base_url: str
+    key: str
+    run_id: str
+    pollers: int
+    first_index: int
+    connections: int
+    interval: float
+    ramp: float
+    duration: float
+    events_limit: int
+    metric_names: list[str]
+    metrics_window: int
+    timeout: float
+    seed: int
+    client: str  # "raw" (RawHTTP) or "httpx"
+
+
+@dataclasses.dataclass
+class PollerResult:
+    """Every request started inside the window [start, start + duration): its start (s after
+    ``start``), endpoint index, latency (ms) and status (0: transport error)."""
+
+    start: float
+    end: float
+    t: array.array[float]
+    endpoint: array.array[int]
+    ms: array.array[float]
+    status: array.array[int]
+    errors: dict[str, int]  # "endpoint: what" -> count
+    lag_ms: array.array[float]  # how late each cycle started against its schedule
+    cpu_seconds: float  # the client process, user + system, over the window
+    wall_seconds: float
+
+
+def poller_process(cfg: PollerConfig, conn: mpc.Connection) -> None:
+    """Entry point of a client process: report ready, wait for the start time, poll, report."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop comes with the API's dependencies
+        factory = None
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            # A plain dict: the class lives in __mp_main__ here, which the parent lacks.
+            conn.send(dataclasses.asdict(runner.run(_poll(cfg, conn))))
+    except BaseException as e:  # the parent reports it
+        with contextlib.suppress(OSError):
+            conn.send(f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
+class TransportError(Exception):
+    """A request that got no HTTP answer (refused, reset, closed early, timed out)."""
+
+
+class RawHTTP:
+    """One keep-alive HTTP/1.1 connection, one request at a time: the lean client. httpx
+    costs the client several times the CPU per request, on the cores the API needs."""
+
+    def __init__(self, base_url: str, key: str, timeout: float) -> None:
+        u = urllib.parse.urlsplit(base_url)
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or 80
+        self.head = f"Host: {u.netloc}\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
+        self.timeout = timeout
+        self.reader: asyncio.StreamReader | None = None
+        self.writer: asyncio.StreamWriter | None = None
+
+    async def get(self, target: str) -> tuple[int, bytes]:
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._get(target)
+        except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
+            self.close()
+            raise TransportError(type(e).__name__) from e
+
+    async def _get(self, target: str) -> tuple[int, bytes]:
+        if self.writer is None or self.reader is None:
+            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
+        self.writer.write(b"GET " + target.encode() + b" HTTP/1.1\r\n" + self.head)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        status = int(lines[0].split(b" ", 2)[1])
+        length, chunked, close = 0, False, False
+        for line in lines[1:]:
+            name, _, value = line.partition(b":")
+            name = name.strip().lower()
+            if name == b"content-length":
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = b"chunked" in value.lower()
+            elif name == b"connection":
+                close = b"close" in value.lower()
+        if chunked:
+            parts = []
+            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
+                parts.append(await self.reader.readexactly(size + 2))
+            await self.reader.readuntil(b"\r\n")
+            body = b"".join(p[:-2] for p in parts)
+        else:
+            body = await self.reader.readexactly(length) if length else b""
+        if close:
+            self.close()
+        return status, body
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+
+async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
+    t_rec: array.array[float] = array.array("d")
+    e_rec: array.array[int] = array.array("b")
+    ms_rec: array.array[float] = array.array("d")
+    s_rec: array.array[int] = array.array("h")
+    lag: array.array[float] = array.array("d")
+    errors: collections.Counter[str] = collections.Counter()
+    shared = (
+        httpx.AsyncClient(
+            base_url=cfg.base_url,
+            headers={"Authorization": f"Bearer {cfg.key}"},
+            limits=httpx.Limits(
+                max_connections=cfg.connections, max_keepalive_connections=cfg.connections
+            ),
+            timeout=cfg.timeout,
+        )
+        if cfg.client == "httpx"
+        else None
+    )
+    conn.send("ready")
+    loop = asyncio.get_running_loop()
+    start_at: float = await loop.run_in_executor(None, conn.recv)  # time.time() epoch
+    ramp_at = start_at - cfg.ramp
+    end_at = start_at + cfg.duration
+
+    async def fetch(raw: RawHTTP | None, target: str) -> tuple[int, bytes]:
+        if raw is not None:
+            return await raw.get(target)
+        assert shared is not None
+        try:
+            r = await shared.get(target)
+        except httpx.HTTPError as e:
+            raise TransportError(type(e).__name__) from e
+        return r.status_code, r.content
+
+    async def get(raw: RawHTTP | None, i: int, target: str) -> Any:
+        """GET ``target``; records it when it starts inside the window; the decoded JSON of
+        a 200, else None."""
+        wall = time.time()
+        t0 = time.perf_counter()
+        try:
+            status, body = await fetch(raw, target)
+        except TransportError as e:
+            status, body = 0, b""
+            if start_at <= wall < end_at:
+                errors[f"{ENDPOINTS[i]}: {e}"] += 1
+        elapsed = (time.perf_counter() - t0) * 1e3
+        if start_at <= wall < end_at:
+            t_rec.append(wall - start_at)
+            e_rec.append(i)
+            ms_rec.append(elapsed)
+            s_rec.append(status)
+            if status and not 200 <= status < 300:
+                errors[f"{ENDPOINTS[i]}: HTTP {status}"] += 1
+        return json.loads(body) if status == 200 else None
+
+    async def poller(n: int) -> None:
+        rng = random.Random(cfg.seed * 100_003 + n)
+        raw = RawHTTP(cfg.base_url, cfg.key, cfg.timeout) if shared is None else None
+        # Staggered starts: spread over one interval (or the ramp for a closed loop).
+        spread = cfg.interval if cfg.interval > 0 else max(cfg.ramp, 0.1)
+        next_at = ramp_at + rng.random() * spread
+        cursor: str | None = None
+        step = 0
+        run_path = f"/runs/{cfg.run_id}"
+        names = [("name", m) for m in cfg.metric_names]
+        try:
+            while True:
+                now = time.time()
+                if now >= end_at:
+                    return
+                if next_at > now:
+                    await asyncio.sleep(next_at - now)
+                began = time.time()
+                if began >= end_at:
+                    return
+                if start_at <= began and cfg.interval > 0:
+                    lag.append((began - next_at) * 1e3)
+                run = await get(raw, 0, run_path)
+                if run is not None:
+                    step = int(run.get("step") or 0)
+                query: list[tuple[str, str | int]] = [("limit", cfg.events_limit)]
+                if cursor:
+                    query.append(("after", cursor))
+                page = await get(raw, 1, f"{run_path}/events?{urllib.parse.urlencode(query)}")
+                # Tail the log: move on only past full pages (the rest is re-read, up to a
+                # page, until it fills), as a client without its own cursor would.
+                if page is not None and page.get("has_more") and page.get("next_cursor"):
+                    cursor = page["next_cursor"]
+                query = list(names)
+                if cfg.metrics_window > 0:
+                    query.append(("step_min", max(0, step - cfg.metrics_window + 1)))
+                await get(raw, 2, f"{run_path}/metrics?{urllib.parse.urlencode(query)}")
+                next_at = max(next_at + cfg.interval, time.time()) if cfg.interval > 0 else 0.0
+        finally:
+            if raw is not None:
+                raw.close()
+
+    async def window_cpu() -> tuple[float, float]:
+        await asyncio.sleep(max(0.0, start_at - time.time()))
+        r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
+        await asyncio.sleep(max(0.0, end_at - time.time()))
+        r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.time()
+        return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), w1 - w0
+
+    try:
+        cpu_task = asyncio.create_task(window_cpu())
+        await asyncio.gather(*(poller(cfg.first_index + n) for n in range(cfg.pollers)))
+        cpu, wall = await cpu_task
+    finally:
+        if shared is not None:
+            await shared.aclose()
+    return PollerResult(
+        start=start_at,
+        end=end_at,
+        t=t_rec,
+        endpoint=e_rec,
+        ms=ms_rec,
+        status=s_rec,
+        errors=dict(errors),
+        lag_ms=lag,
+        cpu_seconds=cpu,
+        wall_seconds=wall,
+    )
+
+
+class PollerFleet:
+    """The client processes; started, synchronised, collected and, if need be, killed."""
+
+    def __init__(
+        self, args: argparse.Namespace, base_url: str, key: str, run_id: str, duration: float
+    ) -> None:
+        self.args = args
+        self.procs: list[Any] = []
+        self.conns: list[mpc.Connection] = []
+        ctx = mp.get_context("spawn")  # no fork: the harness has threads (the pinner)
+        n_procs = max(1, min(args.client_procs, args.pollers))
+        share, extra = divmod(args.pollers, n_procs)
+        conns_share, conns_extra = divmod(args.connections, n_procs)
+        first = 0
+        for k in range(n_procs):
+            n = share + (1 if k < extra else 0)
+            cfg = PollerConfig(
+                base_url=base_url,
+                key=key,
+                run_id=run_id,
+                pollers=n,
+                first_index=first,
+                connections=max(1, conns_share + (1 if k < conns_extra else 0)),
+                interval=args.interval,
+                ramp=args.ramp,
+                duration=duration,
+                events_limit=args.events_limit,
+                metric_names=args.metric_names,
+                metrics_window=args.metrics_window,
+                timeout=args.request_timeout,
+                seed=args.seed,
+                client=args.client,
+            )
+            first += n
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=poller_process, args=(cfg, child), daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def _recv(self, conn: mpc.Connection, deadline: float, what: str) -> Any:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise BenchError(f"a poller process did not {what} in time")
+        try:
+            msg = conn.recv()
+        except EOFError as e:
+            raise BenchError(f"a poller process exited before it could {what}") from e
+        if isinstance(msg, str) and msg != "ready":
+            raise BenchError(f"a poller process failed: {msg}")
+        return msg
+
+    def start(self, ready_timeout: float) -> float:
+        """Wait until every process is ready; returns the start of the measured window."""
+        deadline = time.monotonic() + ready_timeout
+        for conn in self.conns:
+            self._recv(conn, deadline, "start")
+        start_at = time.time() + 0.5 + self.args.ramp
+        for conn in self.conns:
+            conn.send(start_at)
+        return start_at
+
+    def collect(self, timeout: float) -> list[PollerResult]:
+        deadline = time.monotonic() + timeout
+        results = [PollerResult(**self._recv(conn, deadline, "report")) for conn in self.conns]
+        for proc in self.procs:
+            proc.join(timeout=10)
+        return results
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
+
+
+# ------------------------------------------------------------------- pinning, cpu accounting
+
+
+BACKEND = re.compile(r"^postgres: .*? (\S+) (?:\d[\d.]*|\[[0-9a-f:]+\]|[0-9a-f:]+)\((\d+)\)")
+
+
+def tree(pid: int, recursive: bool = True) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        return [root, *(root.children(recursive=True) if recursive else [])]
+    return []
+
+
+class BackendScanner:
+    """PostgreSQL backends connected to one database over TCP: pid -> the client's port,
+    from the process title (``postgres: 15/main: USER DB HOST(PORT) STATE``). A backend's
+    database and client never change, so each process is read once; titles that may still
+    change (a just-forked backend, PostgreSQL's own processes) are read again every time."""
+
+    def __init__(self, db_name: str) -> None:
+        self.db_name = db_name
+        self.known: dict[int, int | None] = {}
+
+    def scan(self) -> dict[int, int]:
+        pids = set(psutil.pids())
+        self.known = {pid: v for pid, v in self.known.items() if pid in pids}
+        for pid in pids - self.known.keys():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            m = BACKEND.match(title)
+            if m:
+                self.known[pid] = int(m.group(2)) if m.group(1) == self.db_name else None
+            elif "postgres" not in title:
+                self.known[pid] = None
+        return {pid: port for pid, port in self.known.items() if port is not None}
+
+
+def client_ports(pids: Iterable[int], pg_port: int) -> set[int]:
+    """Local ports of these processes' TCP connections to PostgreSQL."""
+    ports: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for c in psutil.Process(pid).net_connections(kind="tcp"):
+                if c.raddr and c.raddr.port == pg_port and c.laddr:
+                    ports.add(c.laddr.port)
+    return ports
+
+
+class Roles:
+    """The processes this script started, by role, and the database backends serving them."""
+
+    def __init__(self, db_name: str, pg_port: int) -> None:
+        self.db_name = db_name
+        self.pg_port = pg_port
+        self.roots: dict[str, list[int]] = {"worker": [], "api": [], "pollers": []}
+        self.lock = threading.Lock()
+        self.scanner = BackendScanner(db_name)
+        self.scan_lock = threading.Lock()
+
+    def pids(self, role: str) -> list[int]:
+        with self.lock:
+            roots = list(self.roots[role])
+        return [p.pid for r in roots for p in tree(r)]
+
+    def backends(self) -> dict[int, str]:
+        """Backends of the bench database -> ``worker`` or ``api`` (anything not the
+        worker's: the API's pools and this script's own short queries)."""
+        worker_ports = client_ports(self.pids("worker"), self.pg_port)
+        with self.scan_lock:
+            found = self.scanner.scan()
+        return {pid: "worker" if port in worker_ports else "api" for pid, port in found.items()}
+
+
+class Pinner(threading.Thread):
+    """Every ``every`` s, puts each thread of our processes on its CPUs: the worker and its
+    backends on ``worker_cpus``, the API, its backends, the pollers and this script on
+    ``api_cpus``. ``unpin()`` gives them all CPUs back. PostgreSQL's shared processes
+    (postmaster, WAL writer, checkpointer, autovacuum), Redis and other people's processes
+    are left alone."""
+
+    def __init__(
+        self, roles: Roles, worker_cpus: set[int], api_cpus: set[int], every: float = 0.5
+    ) -> None:
+        super().__init__(name="pinner", daemon=True)
+        self.roles = roles
+        self.all_cpus = set(os.sched_getaffinity(0))
+        self.worker_cpus = worker_cpus
+        self.api_cpus = api_cpus
+        self.every = every
+        self.active = False
+        self.stopping = threading.Event()
+
+    @staticmethod
+    def _set(pid: int, cpus: set[int]) -> None:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    if os.sched_getaffinity(int(name)) != cpus:
+                        os.sched_setaffinity(int(name), cpus)
+
+    def apply(self) -> None:
+        worker = self.worker_cpus if self.active else self.all_cpus
+        api = self.api_cpus if self.active else self.all_cpus
+        for pid in self.roles.pids("worker"):
+            self._set(pid, worker)
+        for pid in [*self.roles.pids("api"), *self.roles.pids("pollers"), os.getpid()]:
+            self._set(pid, api)
+        for pid, role in self.roles.backends().items():
+            self._set(pid, worker if role == "worker" else api)
+
+    def pin(self) -> None:
+        self.active = True
+        self.apply()
+
+    def unpin(self) -> None:
+        self.active = False
+        self.apply()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every):
+            with contextlib.suppress(Exception):  # a process that just exited, etc.
+                self.apply()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.unpin()
+
+
+@dataclasses.dataclass
+class CpuSnapshot:
+    t: float
+    machine: Any
+    per_cpu: list[Any]
+    procs: dict[str, float]
+    backends: dict[int, tuple[str, float]]
+
+
+def snapshot(roles: Roles) -> CpuSnapshot:
+    backends: dict[int, tuple[str, float]] = {}
+    for pid, role in roles.backends().items():
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            backends[pid] = (role, t.user + t.system)
+    me = psutil.Process().cpu_times()
+    return CpuSnapshot(
+        t=time.monotonic(),
+        machine=psutil.cpu_times(),
+        per_cpu=psutil.cpu_times(percpu=True),
+        procs={
+            "worker": cpu_of(roles.roots["worker"]),
+            "api": cpu_of(roles.roots["api"]),
+            "harness": me.user + me.system,
+        },
+        backends=backends,
+    )
+
+
+def busy_seconds(before: Any, after: Any) -> tuple[float, float]:
+    """(busy, total) CPU seconds between two psutil.cpu_times() readings."""
+    total = sum(getattr(after, k) - getattr(before, k) for k in before._fields)
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
+    return total - idle, total
+
+
+def cpu_usage(a: CpuSnapshot, b: CpuSnapshot, pollers_cpu: float = 0.0) -> dict[str, float]:
+    """% of one core per consumer between two snapshots, plus each CPU's busy %."""
+    wall = max(b.t - a.t, 1e-9)
+    out = {k: 100 * (b.procs[k] - a.procs[k]) / wall for k in b.procs}
+    for role in ("worker", "api"):
+        used = sum(
+            cpu - (a.backends[pid][1] if pid in a.backends else 0.0)
+            for pid, (r, cpu) in b.backends.items()
+            if r == role
+        )
+        out[f"pg_{role}"] = 100 * used / wall
+    out["pollers"] = 100 * pollers_cpu / wall
+    busy, total = busy_seconds(a.machine, b.machine)
+    ours = sum(out.values()) / 100 * wall
+    out["other"] = max(0.0, 100 * (busy - ours) / wall)
+    for i, (x, y) in enumerate(zip(a.per_cpu, b.per_cpu, strict=False)):
+        cb, ct = busy_seconds(x, y)
+        out[f"cpu{i}_busy"] = 100 * cb / ct if ct > 0 else float("nan")
+    out["machine_busy"] = 100 * busy / total if total > 0 else float("nan")
+    return out
+
+
+# ---------------------------------------------------------------------------- the services
+
+
+def run_body(args: argparse.Namespace, model: Path) -> dict[str, Any]:
+    """configs/runs/letters.yaml, long enough to outlast the measurement (it is cancelled at
+    the end), no checkpoints and no evaluation while it is measured."""
+    body: dict[str, Any] = yaml.safe_load(PRESET.read_text())
+    per_epoch = math.ceil(len(body["inputs"]) / body["grpo"]["groups_per_step"])
+    body.update(
+        model_name=str(model),
+        max_steps=args.max_steps,
+        num_epochs=min(
+            10_000, max(int(body.get("num_epochs", 1)), -(-args.max_steps // per_epoch))
+        ),
+        trained_model_name=f"bench-pollers-{uuid.uuid4().hex[:8]}",
+    )
+    body["grpo"] = {
+        **body["grpo"],
+        "save_steps": args.max_steps + 1,
+        "eval_steps": args.max_steps + 1,
+        "validation_fraction": 0.0,
+    }
+    return body
+
+
+PG_REFUSED: collections.Counter[str] = collections.Counter()  # harness connections refused
+
+
+def bench_query(url: str, sql: str, tries: int = 20) -> list[str | None]:
+    """pg_query on the bench database, retried while PostgreSQL refuses new connections
+    (``too many clients``: the API's pools may hold them all; that is counted and reported)."""
+    for attempt in range(tries):
+        try:
+            return pg_query(url, sql)
+        except BenchError as e:
+            if "too many clients" not in str(e) or attempt == tries - 1:
+                raise
+            PG_REFUSED["too many clients"] += 1
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+class Services:
+    """A fresh bench database, the API, one worker, an API key; what the phases need."""
+
+    def __init__(self, args: argparse.Namespace, servers: list[Server], home: Path) -> None:
+        self.args = args
+        self.servers = servers
+        self.home = home
+        self.db_url = pg_url_for(args.pg_url, DB_NAME, "postgresql")
+        self.env = dict(os.environ)
+        self.env.update(
+            TRAINYARD_HOME=str(home),
+            TRAINYARD_ARTIFACTS_DIR=str(home / "artifacts"),
+            TRAINYARD_DATABASE_URL=pg_url_for(args.pg_url, DB_NAME, "postgresql+asyncpg"),
+            TRAINYARD_REDIS_URL=args.redis_url,
+            TRAINYARD_BROKER_PREFIX=args.broker_prefix,
+            # Measure the API under load, not its limits: one key makes every request here.
+            TRAINYARD_RATE_LIMIT_PER_SECOND="0",
+            TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT="0",
+            HF_HUB_OFFLINE="1",
+        )
+        self.env.update(thread_env(args))
+        for item in args.api_env:
+            k, _, v = item.partition("=")
+            self.env[k] = v
+        self.key = ""
+        self.api: Server | None = None
+        self.worker: Server | None = None
+
+    def cli(self) -> list[str]:
+        return [sys.executable, "-m", "app.cli"]
+
+    def start(self) -> None:
+        args = self.args
+        recreate_database(args.pg_url, DB_NAME)
+        clear_broker_keys(args.redis_url, args.broker_prefix)
+        log(f"migrating {DB_NAME} (app.cli._upgrade)")
+        from app.cli import _upgrade
+
+        _upgrade(self.env["TRAINYARD_DATABASE_URL"])
+        out = run_checked(
+            [*self.cli(), "keys", "create", "--project", "bench-pollers"],
+            env=self.env,
+            what="creating an API key",
+        )
+        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
+        if not lines:
+            raise BenchError("`trainyard keys create` printed nothing; expected the key last")
+        self.key = lines[-1]
+        port = free_port()
+        self.api = start_server(
+            "pollers-api",
+            [
+                *self.cli(),
+                "api",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--workers",
+                str(args.api_workers),
+            ],
+            env=self.env,
+            cwd=REPO,
+            base_url=f"http://127.0.0.1:{port}",
+        )
+        self.servers.append(self.api)
+        wait_ready(self.api, "/healthz", timeout=args.start_timeout)
+        self.worker = start_server(
+            "pollers-worker",
+            [*self.cli(), "worker", "--pool", "solo"],
+            env=self.env,
+            cwd=REPO,
+            base_url="",
+        )
+        self.servers.append(self.worker)
+        wait_for_log(self.worker, re.compile(r"\bready\.?\s*$", re.M), args.start_timeout)
+
+    def client(self) -> httpx.Client:
+        assert self.api is not None
+        return httpx.Client(
+            base_url=self.api.base_url,
+            headers={"Authorization": f"Bearer {self.key}"},
+            timeout=30.0,
+        )
+
+    def create_run(self, body: dict[str, Any]) -> str:
+        with self.client() as client:
+            r = client.post("/runs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
+        if r.status_code != 202:
+            raise BenchError(f"POST /runs answered {r.status_code}: {r.text[:1000]}")
+        return str(r.json()["id"])
+
+    def run_state(self, run_id: str) -> tuple[str, int, str | None]:
+        row = bench_query(
+            self.db_url,
+            "SELECT json_build_object('status', status, 'step', step, 'error', error)::text"
+            f" FROM runs WHERE id = '{run_id}'",
+        )
+        if not row or row[0] is None:
+            raise BenchError(f"run {run_id} not found in {DB_NAME}")
+        state = json.loads(row[0])
+        return str(state["status"]), int(state["step"] or 0), state.get("error")
+
+    def check(self, run_id: str) -> int:
+        """The run's step; raises if the worker died or the run ended."""
+        assert self.worker is not None
+        if self.worker.proc.poll() is not None:
+            raise BenchError(
+                f"the worker exited with {self.worker.proc.returncode}; last lines of"
+                f" {self.worker.log_path}:\n{self.worker.tail()}"
+            )
+        status, step, error = self.run_state(run_id)
+        if status in TERMINAL:
+            raise BenchError(
+                f"run {run_id} ended {status} at step {step} during the measurement"
+                f" ({error or 'raise --max-steps'}); worker log: {self.worker.log_path}"
+            )
+        return step
+
+    def wait_for_step(self, run_id: str, step: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.check(run_id) < step:
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"run {run_id} did not reach step {step} within {timeout:.0f} s; worker"
+                    f" log {self.worker.log_path if self.worker else '?'}"
+                )
+            time.sleep(0.5)
+
+    def cancel(self, run_id: str, timeout: float = 60.0) -> str:
+        with self.client() as client:
+            r = client.post(f"/runs/{run_id}/cancel")
+            if r.status_code not in (200, 202, 409):
+                log(f"WARNING: cancel answered {r.status_code}: {r.text[:300]}")
+        deadline = time.monotonic() + timeout
+        status = self.run_state(run_id)[0]
+        while status not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status = self.run_state(run_id)[0]
+        return status
+
+    def step_seconds(self, run_id: str) -> dict[int, float]:
+        """The run's own per-step time (GET /runs/{id}/metrics, the worker's clock)."""
+        with self.client() as client:
+            r = client.get(f"/runs/{run_id}/metrics", params={"name": STEP_METRIC})
+            r.raise_for_status()
+        return {
+            int(p["step"]): float(p["value"])
+            for s in r.json()["series"]
+            if s["name"] == STEP_METRIC
+            for p in s["points"]
+        }
+
+    def step_events(self, run_id: str) -> dict[int, float]:
+        """When each step's `step` event was written (epoch s, the database clock)."""
+        row = bench_query(
+            self.db_url,
+            "SELECT coalesce(json_object_agg((data->>'step'), extract(epoch FROM created_at)),"
+            f" '{{}}')::text FROM run_events WHERE run_id = '{run_id}' AND type = 'step'",
+        )
+        raw = json.loads(row[0] or "{}") if row else {}
+        return {int(k): float(v) for k, v in raw.items()}
+
+
+# ------------------------------------------------------------------------------- the phases
+
+
+@dataclasses.dataclass
+class Phase:
+    config: str  # "pinned" / "unpinned"
+    name: str  # "before" / "with pollers" / "after"
+    start: float  # epoch s
+    end: float
+    cpu: dict[str, float]
+    loadavg: tuple[float, float, float]
+    polls: list[PollerResult] = dataclasses.field(default_factory=list)
+    steps: dict[str, float] = dataclasses.field(default_factory=dict)
+    db: dict[str, float] = dataclasses.field(default_factory=dict)
+    overlap: set[str] = dataclasses.field(default_factory=set)  # other load seen meanwhile
+
+
+def idle_phase(
+    config: str, name: str, seconds: float, services: Services, roles: Roles, run_id: str
+) -> Phase:
+    log(f"{config}: {name}, {seconds:g} s without pollers")
+    sessions = db_sessions(services)
+    a = snapshot(roles)
+    start = time.time()
+    seen = watch(start + seconds, services, run_id)
+    b = snapshot(roles)
+    return Phase(
+        config,
+        name,
+        start,
+        time.time(),
+        cpu_usage(a, b),
+        loadavg(),
+        db={**db_probe(services, run_id), "sessions_start": sessions},
+        overlap=seen,
+    )
+
+
+def watch(until: float, services: Services, run_id: str) -> set[str]:
+    """Sleep until ``until`` (epoch s), checking the run and noting other load every 2 s."""
+    seen: set[str] = set()
+    while (now := time.time()) < until:
+        time.sleep(min(2.0, until - now))
+        services.check(run_id)
+        seen |= other_load()
+    return seen
+
+
+def poller_phase(
+    config: str,
+    args: argparse.Namespace,
+    services: Services,
+    roles: Roles,
+    pinner: Pinner | None,
+    run_id: str,
+    *,
+    name: str = "with pollers",
+    duration: float | None = None,
+    profile: bool = False,
+) -> Phase:
+    """Pollers for ``duration`` s (default --duration); with ``profile``, py-spy on every API
+    worker process for the same window (its raw stacks go to bench/out/)."""
+    assert services.api is not None
+    duration = duration or args.duration
+    log(
+        f"{config}: {name}, {args.pollers} pollers in {args.client_procs} process(es),"
+        f" every {args.interval:g} s, {duration:g} s (+{args.ramp:g} s ramp)"
+    )
+    fleet = PollerFleet(args, services.api.base_url, services.key, run_id, duration)
+    spies: list[subprocess.Popen[bytes]] = []
+    try:
+        with roles.lock:
+            roles.roots["pollers"] = fleet.pids
+        if pinner is not None:
+            pinner.apply()
+        start_at = fleet.start(ready_timeout=args.start_timeout)
+        time.sleep(max(0.0, start_at - time.time()))
+        if profile:
+            spies = start_profilers(services, roles, duration)
+        sessions = db_sessions(services)
+        a = snapshot(roles)
+        end_at = start_at + duration
+        seen = watch(end_at, services, run_id)
+        b = snapshot(roles)
+        results = fleet.collect(timeout=args.request_timeout + 60)
+        for spy in spies:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                spy.wait(timeout=30)
+    finally:
+        fleet.kill()
+        for spy in spies:
+            if spy.poll() is None:
+                spy.kill()
+                spy.wait()
+        with roles.lock:
+            roles.roots["pollers"] = []
+    cpu = cpu_usage(a, b, sum(r.cpu_seconds for r in results))
+    return Phase(
+        config,
+        name,
+        start_at,
+        end_at,
+        cpu,
+        loadavg(),
+        results,
+        db={**db_probe(services, run_id), "sessions_start": sessions},
+        overlap=seen,
+    )
+
+
+PYSPY_RATE = 100
+HANDLERS = {"get_run": "run", "list_run_events": "events", "get_run_metrics": "metrics"}
+
+
+def start_profilers(services: Services, roles: Roles, duration: float) -> list[Any]:
+    """py-spy on each API worker process (not uvicorn's supervisor), CPU samples only."""
+    pyspy = shutil.which("py-spy", path=str(REPO / ".venv" / "bin")) or shutil.which("py-spy")
+    if not pyspy:
+        raise BenchError("--profile needs py-spy (.venv/bin/pip install py-spy)")
+    assert services.api is not None
+    for old in OUT.glob("pollers-profile-api-*"):
+        old.unlink()
+    spies = []
+    for pid in roles.pids("api"):
+        if pid == services.api.proc.pid:
+            continue
+        out = OUT / f"pollers-profile-api-{pid}.txt"
+        cmd = [pyspy, "record", "--pid", str(pid), "--rate", str(PYSPY_RATE), "--format", "raw"]
+        cmd += ["--nonblocking", "--duration", str(math.ceil(duration)), "-o", str(out)]
+        log_file = open(OUT / f"pollers-profile-api-{pid}.log", "wb")  # noqa: SIM115
+        spies.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT))
+        log_file.close()
+    with roles.lock:  # py-spy runs beside the API: on its CPUs when pinned
+        roles.roots["pollers"] = [*roles.roots["pollers"], *(s.pid for s in spies)]
+    return spies
+
+
+def stack_part(names: list[str], files: list[str]) -> str:
+    """Which part of serving a request a CPU sample of an API worker is in."""
+    for name in reversed(names):  # the innermost handler wins
+        short = name.rsplit(".", 1)[-1]
+        if short in HANDLERS:
+            return f"handler: {ENDPOINT_PATHS[HANDLERS[short]]}"
+    shorts = {n.rsplit(".", 1)[-1] for n in names}
+    if shorts & {"current_principal", "authenticate"}:
+        return "API-key check (dependency)"
+    if shorts & {"serialize_response", "jsonable_encoder", "_prepare_response_content"}:
+        return "response_model validation + JSON (FastAPI, after the handler)"
+    if shorts & {"get_read_session", "get_session"}:
+        return "database session set-up/teardown (dependency)"
+    if shorts & {"solve_dependencies", "request_params_to_args"}:
+        return "parameters, other dependencies (FastAPI)"
+    if any("/starlette/" in f or "/fastapi/" in f for f in files):
+        return "routing, middleware, response (Starlette/FastAPI)"
+    if any("/uvicorn/" in f for f in files):
+        return "HTTP protocol (uvicorn, httptools)"
+    return "event loop, other"
+
+
+def frame_library(path: str) -> str:
+    for key, label in (
+        ("/pydantic", "pydantic"),
+        ("/sqlalchemy/", "SQLAlchemy"),
+        ("/sqlmodel/", "SQLAlchemy"),
+        ("/asyncpg/", "asyncpg"),
+        ("/fastapi/", "FastAPI"),
+        ("/starlette/", "Starlette"),
+        ("/uvicorn/", "uvicorn"),
+        ("/json/", "json"),
+        ("/typing.py", "typing"),
+        ("/enum.py", "enum"),
+    ):
+        if key in path:
+            return label
+    if path.startswith(("/app/", "/workers/")):
+        return "Trainyard (app/)"
+    if path.startswith(("/asyncio/", "/multiprocessing/")) or "uvloop" in path:
+        return "event loop (uvloop, and the C code it calls)"
+    return "other"
+
+
+def profile_summary(paths: list[Path]) -> dict[str, Any]:
+    """CPU seconds of the API workers by part of the request and by the library of the
+    innermost Python frame, from py-spy's raw output."""
+    parts: collections.Counter[str] = collections.Counter()
+    libs: collections.Counter[str] = collections.Counter()
+    frame_re = re.compile(r"^(.*) \((.*?)(?::\d+)?\)$")
+    for path in paths:
+        with contextlib.suppress(OSError):
+            for line in path.read_text(errors="replace").splitlines():
+                stack, _, count = line.rpartition(" ")
+                if not count.isdigit():
+                    continue
+                frames = [frame_re.match(f) for f in stack.split(";")]
+                names = [m.group(1) for m in frames if m]
+                # py-spy names files relative to their sys.path entry: sqlalchemy/orm/…
+                files = ["/" + m.group(2).lstrip("/") for m in frames if m]
+                if not names:
+                    continue
+                parts[stack_part(names, files)] += int(count)
+                libs[frame_library(files[-1])] += int(count)
+    return {
+        "seconds": sum(parts.values()) / PYSPY_RATE,
+        "parts": {k: v / PYSPY_RATE for k, v in parts.most_common()},
+        "libraries": {k: v / PYSPY_RATE for k, v in libs.most_common()},
+        "files": [p.name for p in paths],
+    }
+
+
+def assign_steps(phases: list[Phase], seconds: dict[int, float], ends: dict[int, float]) -> None:
+    """Each step whose whole span (its `step` event minus its step_seconds → the event)
+    falls inside a phase belongs to it; steps across a boundary belong to none."""
+    for ph in phases:
+        inside = sorted(
+            s for s, t in ends.items() if s in seconds and t - seconds[s] >= ph.start and t < ph.end
+        )
+        values = [seconds[s] for s in inside]
+        gaps = [ends[b] - ends[a] for a, b in itertools.pairwise(inside) if b == a + 1]
+        ph.steps = {
+            "count": len(values),
+            "first": inside[0] if inside else 0,
+            "last": inside[-1] if inside else 0,
+            "median": statistics.median(values) if values else float("nan"),
+            "mean": statistics.fmean(values) if values else float("nan"),
+            "p90": quantile(values, 0.90),
+            "interval_median": statistics.median(gaps) if gaps else float("nan"),
+            "steps_per_s": len(values) / max(ph.end - ph.start, 1e-9),
+        }
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile by the nearest-rank method (what a latency SLO means by p99)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def latency_stats(results: list[PollerResult]) -> dict[str, dict[str, float]]:
+    """Per endpoint and overall: requests, req/s, p50/p95/p99/max (ms), errors."""
+    per: dict[str, list[float]] = {e: [] for e in ENDPOINTS}
+    errs: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
+    for r in results:
+        for i, ms, status in zip(r.endpoint, r.ms, r.status, strict=True):
+            if status:  # a response (errors among them); transport errors have no latency
+                per[ENDPOINTS[i]].append(ms)
+            if not 200 <= status < 300:
+                errs[ENDPOINTS[i]] += 1
+    seconds = max((r.end - r.start for r in results), default=1.0)
+    out: dict[str, dict[str, float]] = {}
+    for name, values in [*per.items(), ("all", [v for vs in per.values() for v in vs])]:
+        errors = sum(errs.values()) if name == "all" else errs[name]
+        out[name] = {
+            "requests": len(values),
+            "rps": len(values) / seconds,
+            "p50": quantile(values, 0.50),
+            "p95": quantile(values, 0.95),
+            "p99": quantile(values, 0.99),
+            "max": max(values) if values else float("nan"),
+            "errors": errors,
+        }
+    return out
+
+
+def slow_seconds(results: list[PollerResult], threshold_ms: float) -> list[tuple[int, int, int]]:
+    """Seconds of the window with requests over ``threshold_ms``: (second, slow, all)."""
+    slow: collections.Counter[int] = collections.Counter()
+    total: collections.Counter[int] = collections.Counter()
+    for r in results:
+        for t, ms in zip(r.t, r.ms, strict=True):
+            total[int(t)] += 1
+            if ms > threshold_ms:
+                slow[int(t)] += 1
+    return sorted((s, slow[s], total[s]) for s in slow)
+
+
+def comparison(phases: list[Phase]) -> dict[str, float]:
+    by = {p.name: p for p in phases}
+    before, during, after = (by[n].steps["median"] for n in ("before", "with pollers", "after"))
+    base = statistics.fmean([before, after])
+    return {
+        "baseline_median_s": base,
+        "with_median_s": during,
+        "slowdown": during / base - 1 if base else float("nan"),
+        "drift": after / before - 1 if before else float("nan"),
+    }
+
+
+# ---------------------------------------------------------------------------------- database
+
+
+def run_lookup_sql(services: Services, run_id: str) -> str:
+    """The statement GET /runs/{id} runs (app/runs/repository.py), parameters written out."""
+    from app.runs.repository import PUBLIC_COLUMNS
+
+    project = bench_query(services.db_url, f"SELECT project_id FROM runs WHERE id = '{run_id}'")[0]
+    return f"SELECT {PUBLIC_COLUMNS} FROM runs WHERE id = '{run_id}' AND project_id = '{project}'"
+
+
+def db_sessions(services: Services) -> float:
+    """Connections opened to the bench database so far (pg_stat_database.sessions)."""
+    row = bench_query(
+        services.db_url,
+        "SELECT sessions FROM pg_stat_database WHERE datname = current_database()",
+    )
+    return float(row[0]) if row and row[0] is not None else float("nan")
+
+
+def db_probe(services: Services, run_id: str) -> dict[str, float]:
+    """At the end of a phase: what looking the run up costs PostgreSQL now (buffers, ms) and
+    the state of the ``runs`` table (dead row versions, autovacuums, HOT updates so far)."""
+    plan = "\n".join(
+        ln or ""
+        for ln in bench_query(
+            services.db_url, f"EXPLAIN (ANALYZE, BUFFERS) {run_lookup_sql(services, run_id)}"
+        )
+    )
+    hits = re.search(r"Buffers: shared hit=(\d+)", plan)
+    ms = re.search(r"Execution Time: ([\d.]+) ms", plan)
+    row = bench_query(
+        services.db_url,
+        "SELECT json_build_object('dead', n_dead_tup, 'live', n_live_tup, 'upd', n_tup_upd,"
+        " 'hot', n_tup_hot_upd, 'autovacuums', autovacuum_count,"
+        " 'bytes', pg_relation_size('runs'), 'pkey_bytes', pg_relation_size('runs_pkey'))::text"
+        " FROM pg_stat_user_tables WHERE relname = 'runs'",
+    )
+    stats = json.loads(row[0] or "{}") if row else {}
+    return {
+        "sessions": db_sessions(services),
+        "run_lookup_buffers": float(hits.group(1)) if hits else float("nan"),
+        "run_lookup_ms": float(ms.group(1)) if ms else float("nan"),
+        **{f"runs_{k}": float(v) for k, v in stats.items()},
+    }
+
+
+def endpoint_costs(
+    services: Services, roles: Roles, run_id: str, args: argparse.Namespace, n: int
+) -> dict[str, dict[str, float]]:
+    """Each endpoint alone, one request at a time (keep-alive), once the run has stopped:
+    latency without queueing, and the CPU the API and its PostgreSQL backends spend on one
+    request (their CPU time over the requests / n)."""
+    names: list[tuple[str, str | int]] = [("name", m) for m in args.metric_names]
+    step = services.run_state(run_id)[1]
+    requests: dict[str, tuple[str, Any]] = {
+        "run": (f"/runs/{run_id}", None),
+        "events": (f"/runs/{run_id}/events", {"limit": args.events_limit}),
+    }
+    if args.metrics_window:
+        window = [("step_min", max(0, step - args.metrics_window + 1))]
+        requests["metrics"] = (f"/runs/{run_id}/metrics", names + window)
+    requests["metrics_all"] = (f"/runs/{run_id}/metrics", names)
+    out: dict[str, dict[str, float]] = {}
+    with services.client() as client:
+        for key, (path, params) in requests.items():
+            for _ in range(20):  # warm: connection, caches, prepared statements
+                client.get(path, params=params).raise_for_status()
+            a = snapshot(roles)
+            times = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                r = client.get(path, params=params)
+                times.append((time.perf_counter() - t0) * 1e3)
+                r.raise_for_status()
+            b = snapshot(roles)
+            wall = b.t - a.t
+            use = cpu_usage(a, b)
+            out[key] = {
+                "p50_ms": quantile(times, 0.5),
+                "p99_ms": quantile(times, 0.99),
+                "api_cpu_ms": use["api"] / 100 * wall / n * 1e3,
+                "pg_cpu_ms": use["pg_api"] / 100 * wall / n * 1e3,
+                "bytes": float(len(r.content)),
+            }
+    return out
+
+
+def explain(services: Services, run_id: str, args: argparse.Namespace) -> dict[str, Any]:
+    """EXPLAIN ANALYZE of what each endpoint asks PostgreSQL, on the measured run's rows."""
+    names = ", ".join("'" + n.replace("'", "''") + "'" for n in args.metric_names)
+    step_min = max(0, services.run_state(run_id)[1] - args.metrics_window + 1)
+    queries = {
+        "run": run_lookup_sql(services, run_id),
+        "events": (
+            f"SELECT * FROM run_events WHERE run_id = '{run_id}' AND id > 0 ORDER BY id LIMIT 51"
+        ),
+        "metrics": (
+            "SELECT name, step, value FROM metric_points"
+            f" WHERE run_id = '{run_id}' AND name IN ({names}) AND step >= {step_min}"
+            " ORDER BY name, step LIMIT 100000"
+        ),
+        "metrics_all": (
+            "SELECT name, step, value FROM metric_points"
+            f" WHERE run_id = '{run_id}' AND name IN ({names}) ORDER BY name, step LIMIT 100000"
+        ),
+    }
+    if not args.metrics_window:
+        del queries["metrics"]
+    out: dict[str, Any] = {}
+    for key, sql in queries.items():
+        plan = [
+            ln or "" for ln in bench_query(services.db_url, f"EXPLAIN (ANALYZE, BUFFERS) {sql}")
+        ]
+        text = "\n".join(plan)
+        m = re.search(r"Execution Time: ([\d.]+) ms", text)
+        idx = re.findall(
+            r"(?:Index (?:Only )?Scan (?:Backward )?using|Bitmap Index Scan on) (\w+)", text
+        )
+        out[key] = {
+            "sql": sql,
+            "plan": plan,
+            "execution_ms": float(m.group(1)) if m else float("nan"),
+            "indexes": sorted(set(idx)),
+            "seq_scan": "Seq Scan" in text,
+        }
+    rows = bench_query(
+        services.db_url,
+        "SELECT json_build_object("
+        f"'events', (SELECT count(*) FROM run_events WHERE run_id = '{run_id}'),"
+        f"'metric_points', (SELECT count(*) FROM metric_points WHERE run_id = '{run_id}'),"
+        f"'series_points', (SELECT count(*) FROM metric_points WHERE run_id = '{run_id}'"
+        f" AND name IN ({names})),"
+        f"'trajectories', (SELECT count(*) FROM trajectories WHERE run_id = '{run_id}'))::text",
+    )
+    out["rows"] = json.loads(rows[0] or "{}") if rows else {}
+    return out
+
+
+# ------------------------------------------------------------------------------------ report
+
+
+def fmt_ms(v: float) -> str:
+    if math.isnan(v):
+        return "n/a"
+    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms"
+
+
+def fmt_pct(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.0f}%"
+
+
+def verdict(ok: bool) -> str:
+    return "pass" if ok else "**fail**"
+
+
+def render_latency(stats: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
+    rows = [
+        "| endpoint | requests | req/s | p50 | p95 | p99 | max | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    names = {
+        "run": "`GET /runs/{id}`",
+        "events": f"`GET /runs/{{id}}/events?limit={args.events_limit}&after=…`",
+        "metrics": "`GET /runs/{id}/metrics?"
+        + "&".join(f"name={n}" for n in args.metric_names)
+        + ("&step_min=…`" if args.metrics_window else "`"),
+        "all": "all",
+    }
+    for key, s in stats.items():
+        label = names[key] if key != "all" else "**all**"
+        rows.append(
+            f"| {label} | {s['requests']:.0f} | {s['rps']:.0f} | {fmt_ms(s['p50'])} |"
+            f" {fmt_ms(s['p95'])} | {fmt_ms(s['p99'])} | {fmt_ms(s['max'])} |"
+            f" {s['errors']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def render_steps(phases: list[Phase]) -> str:
+    rows = [
+        "| phase | window | steps | median step | p90 step | median step-to-step | steps/s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in phases:
+        s = p.steps
+        rows.append(
+            f"| {p.name} | {p.end - p.start:.0f} s | {s['count']:.0f} ({s['first']:.0f}–"
+            f"{s['last']:.0f}) | {fmt_ms(s['median'] * 1e3)} | {fmt_ms(s['p90'] * 1e3)} |"
+            f" {fmt_ms(s['interval_median'] * 1e3)} | {s['steps_per_s']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def render_cpu(phases: list[Phase], n_cpus: int) -> str:
+    cols = [
+        ("worker", "worker"),
+        ("pg_worker", "its PG backends"),
+        ("api", "API"),
+        ("pg_api", "API's PG backends"),
+        ("pollers", "pollers"),
+        ("harness", "harness"),
+        ("other", "everything else"),
+    ]
+    head = " | ".join(c for _, c in cols)
+    cpu_cols = " | ".join(f"CPU {i} busy" for i in range(n_cpus))
+    rows = [
+        f"| phase | {head} | {cpu_cols} | loadavg 1 min |",
+        "|---|" + "---:|" * (len(cols) + n_cpus + 1),
+    ]
+    for p in phases:
+        vals = " | ".join(fmt_pct(p.cpu.get(k, float("nan"))) for k, _ in cols)
+        busy = " | ".join(fmt_pct(p.cpu.get(f"cpu{i}_busy", float("nan"))) for i in range(n_cpus))
+        rows.append(f"| {p.name} | {vals} | {busy} | {p.loadavg[0]:.2f} |")
+    return "\n".join(rows)
+
+
+def render_db_probe(phases: list[Phase]) -> str:
+    rows = [
+        "| end of phase | run lookup: buffers | run lookup: time | `runs` dead row versions |"
+        " `runs` updates (HOT) | autovacuums of `runs` | connections opened in the phase |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in phases:
+        d = collections.defaultdict(lambda: float("nan"), p.db)
+        if not p.db:
+            continue
+        hot_pct = 100 * d["runs_hot"] / d["runs_upd"] if d["runs_upd"] else float("nan")
+        rows.append(
+            f"| {p.name} | {d['run_lookup_buffers']:.0f} | {d['run_lookup_ms']:.2f} ms |"
+            f" {d['runs_dead']:.0f} | {d['runs_upd']:.0f} ({fmt_pct(hot_pct)}) |"
+            f" {d['runs_autovacuums']:.0f} | {d['sessions'] - d['sessions_start']:.0f} |"
+        )
+    return "\n".join(rows)
+
+
+def render_costs(
+    costs: dict[str, dict[str, float]], args: argparse.Namespace, final_step: int
+) -> list[str]:
+    if not costs:
+        return []
+    labels = {
+        **ENDPOINT_PATHS,
+        "metrics": f"GET /runs/{{id}}/metrics, last {args.metrics_window} steps",
+        "metrics_all": f"GET /runs/{{id}}/metrics, whole series ({final_step} steps)",
+    }
+    lines = [
+        f"Each endpoint alone after the run stopped at step {final_step} ({args.cost_requests}"
+        " requests one at a time; the pollers' queries, with the first events page, which is"
+        " full): latency without queueing, and the CPU one request costs the API process and"
+        " its PostgreSQL backend:",
+        "",
+        "| endpoint | p50 | p99 | API CPU / request | PostgreSQL CPU / request | response |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for key, c in costs.items():
+        lines.append(
+            f"| {labels[key]} | {fmt_ms(c['p50_ms'])} | {fmt_ms(c['p99_ms'])} |"
+            f" {c['api_cpu_ms']:.2f} ms | {c['pg_cpu_ms']:.2f} ms | {c['bytes'] / 1024:.1f} KiB |"
+        )
+    polled = "metrics" if "metrics" in costs else "metrics_all"
+    cycle = sum(costs[k]["api_cpu_ms"] + costs[k]["pg_cpu_ms"] for k in ("run", "events", polled))
+    if cycle > 0 and args.interval > 0:
+        lines += [
+            "",
+            f"One poller's cycle (the three GETs as polled) costs {cycle:.1f} ms of CPU (API +"
+            f" PostgreSQL), so one core serves about {1000 / cycle * args.interval:.0f} pollers"
+            f" polling every {args.interval:g} s, and {args.pollers} pollers need about"
+            f" {args.pollers * cycle / 1000 / args.interval:.1f} cores, before the client's own"
+            " CPU and with no headroom for queueing.",
+        ]
+    return [*lines, ""]
+
+
+def render_profile(profile: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    if not profile:
+        return []
+    total = profile["seconds"] or 1.0
+    lat = profile["latency"]
+    lines = [
+        "### Where the API's CPU goes",
+        "",
+        f"`--profile`: {args.profile_seconds:g} s more of the same pollers ({profile['config']})"
+        f" with py-spy sampling every API worker process at {PYSPY_RATE} Hz (CPU samples only;"
+        f" {profile['seconds']:.1f} CPU-seconds sampled; the API used"
+        f" {fmt_pct(profile['api_cpu_pct'])} of a core; {lat['rps']:.0f} req/s, p50"
+        f" {fmt_ms(lat['p50'])}, p99 {fmt_ms(lat['p99'])} with the profiler attached, not in the"
+        " tables above). Raw stacks: `bench/out/pollers-profile-api-*.txt`.",
+        "",
+        "| part of the request | share of the API's CPU |",
+        "|---|---:|",
+    ]
+    for k, v in profile["parts"].items():
+        lines.append(f"| {k} | {100 * v / total:.0f}% |")
+    lines += ["", "| innermost Python frame in | share |", "|---|---:|"]
+    for k, v in profile["libraries"].items():
+        lines.append(f"| {k} | {100 * v / total:.0f}% |")
+    return [*lines, ""]
+
+
+def render_explain(db: dict[str, Any]) -> list[str]:
+    rows = db.get("rows", {})
+    lines = [
+        f"At the end of the run it had {rows.get('events', '?')} events,"
+        f" {rows.get('metric_points', '?')} metric points ({rows.get('series_points', '?')} in"
+        f" the polled series) and {rows.get('trajectories', '?')} trajectories."
+        " `EXPLAIN (ANALYZE, BUFFERS)` of what each endpoint asks (the statements of"
+        " `app/runs/repository.py`, `app/events/service.py` and `app/metrics/router.py`,"
+        " written out):",
+        "",
+        "| endpoint | index | execution |",
+        "|---|---|---:|",
+    ]
+    labels = {
+        **ENDPOINT_PATHS,
+        "metrics": "GET /runs/{id}/metrics (`step_min`)",
+        "metrics_all": "GET /runs/{id}/metrics (whole series)",
+    }
+    for key in labels:
+        e = db.get(key)
+        if not e:
+            continue
+        idx = ", ".join(f"`{i}`" for i in e["indexes"]) or (
+            "**seq scan**" if e["seq_scan"] else "-"
+        )
+        lines.append(f"| {labels[key]} | {idx} | {e['execution_ms']:.2f} ms |")
+    return lines
+
+
+def config_results(phases: list[Phase], args: argparse.Namespace) -> dict[str, Any]:
+    polls = [r for p in phases for r in p.polls]
+    stats = latency_stats(polls)
+    cmp_ = comparison(phases)
+    lag = [v for r in polls for v in r.lag_ms]
+    during = next(p for p in phases if p.name == "with pollers")
+    served = stats["all"]["requests"] or 1
+    window = during.end - during.start
+    return {
+        "offered_rps": 3 * args.pollers / args.interval if args.interval > 0 else float("nan"),
+        "api_cpu_pct": during.cpu.get("api", float("nan")),
+        "pg_api_cpu_pct": during.cpu.get("pg_api", float("nan")),
+        "api_cpu_ms_per_request": during.cpu.get("api", float("nan")) / 100 * window / served * 1e3,
+        "pg_cpu_ms_per_request": during.cpu.get("pg_api", float("nan"))
+        / 100
+        * window
+        / served
+        * 1e3,
+        "latency": stats,
+        "comparison": cmp_,
+        "errors": {k: v for r in polls for k, v in r.errors.items()},
+        "schedule_lag_ms": {"p50": quantile(lag, 0.5), "p99": quantile(lag, 0.99)},
+        "client_cpu_pct": during.cpu.get("pollers", float("nan")),
+        "slow_seconds": slow_seconds(polls, TARGET_P99_MS),
+        "targets": {
+            "zero_errors": stats["all"]["errors"] == 0,
+            "p99_under_50ms": all(stats[k]["p99"] < TARGET_P99_MS for k in stats),
+            "step_within_10pct": cmp_["slowdown"] <= TARGET_SLOWDOWN,
+        },
+    }
+
+
+def render_config(
+    label: str, phases: list[Phase], res: dict[str, Any], args: argparse.Namespace
+) -> list[str]:
+    stats = res["latency"]
+    c = res["comparison"]
+    n_cpus = len(os.sched_getaffinity(0))
+    errors = res["errors"]
+    slow = res["slow_seconds"]
+    lines = [
+        f"### {label}",
+        "",
+        f"Pollers ({args.duration:g} s, {stats['all']['requests']:.0f} requests,"
+        f" {stats['all']['rps']:.0f} req/s; client CPU {fmt_pct(res['client_cpu_pct'])} of a"
+        f" core; cycles started {fmt_ms(res['schedule_lag_ms']['p50'])} late in the median,"
+        f" {fmt_ms(res['schedule_lag_ms']['p99'])} at p99):",
+        "",
+        render_latency(stats, args),
+        "",
+        "Offered "
+        + (
+            f"{res['offered_rps']:.0f} req/s ({args.pollers} pollers × 3 GETs every"
+            f" {args.interval:g} s)"
+            if args.interval > 0
+            else "as much as the pollers could (closed loops)"
+        )
+        + f", served {stats['all']['rps']:.0f} req/s. The API's processes used"
+        f" {fmt_pct(res['api_cpu_pct'])} of a core ({res['api_cpu_ms_per_request']:.1f} ms of"
+        f" CPU per request served), its PostgreSQL backends {fmt_pct(res['pg_api_cpu_pct'])}"
+        f" ({res['pg_cpu_ms_per_request']:.1f} ms).",
+        "",
+    ]
+    if errors:
+        lines += ["Errors: " + ", ".join(f"{k} × {v}" for k, v in sorted(errors.items())), ""]
+    if slow:
+        worst = sorted(slow, key=lambda s: -s[1])[:5]
+        lines += [
+            f"Requests over {TARGET_P99_MS:.0f} ms came in {len(slow)} of the"
+            f" {args.duration:.0f} seconds; the worst: "
+            + ", ".join(f"second {s} ({n} of {t})" for s, n, t in worst)
+            + ".",
+            "",
+        ]
+    lines += [
+        "Training step time (the run's `step_seconds` metric, on_step_begin → the step's log"
+        " in the worker; a step counts in a phase when it began and ended inside it):",
+        "",
+        render_steps(phases),
+        "",
+        f"With pollers the median step took {fmt_ms(c['with_median_s'] * 1e3)} against"
+        f" {fmt_ms(c['baseline_median_s'] * 1e3)} (mean of before and after):"
+        f" **{c['slowdown'] * 100:+.1f}%**. Before → after drift (noise):"
+        f" {c['drift'] * 100:+.1f}%.",
+        "",
+        "CPU, % of one core over each phase (`everything else`: PostgreSQL's shared processes,"
+        " Redis, and whatever else ran on the machine):",
+        "",
+        render_cpu(phases, n_cpus),
+        "",
+        "PostgreSQL at the end of each phase (`EXPLAIN (ANALYZE, BUFFERS)` of the statement"
+        " `GET /runs/{id}` runs; `pg_stat_user_tables`, whose counters lag by up to a few"
+        " seconds; connections: `pg_stat_database.sessions`, of which the harness's own checks"
+        " are one every 2 s):",
+        "",
+        render_db_probe(phases),
+        "",
+    ]
+    return lines
+
+
+def render_section(
+    args: argparse.Namespace,
+    configs: dict[str, list[Phase]],
+    results: dict[str, dict[str, Any]],
+    db: dict[str, Any],
+    versions: dict[str, str],
+    started: str,
+    cpus: tuple[set[int], set[int]] | None,
+    others: list[str],
+    settings: dict[str, str],
+    profile: dict[str, Any],
+) -> str:
+    command = shlex.join([".venv/bin/python", "bench/pollers.py", *sys.argv[1:]])
+    primary = next(iter(configs))
+    res = results[primary]
+    t = res["targets"]
+    stats = res["latency"]
+    c = res["comparison"]
+    pin_line = (
+        f"`--pin`: the worker and the PostgreSQL backends serving it on CPU"
+        f" {','.join(map(str, sorted(cpus[0])))}; the API, its backends, the pollers and the"
+        f" harness on CPU {','.join(map(str, sorted(cpus[1])))} (`sched_setaffinity` on every"
+        " thread, re-applied every 0.5 s). PostgreSQL's shared processes, Redis and other"
+        " processes float."
+        if cpus
+        else "no pinning: every process may run on every CPU."
+    )
+    metrics_desc = (
+        f"the last {args.metrics_window} steps (`step_min` from the step the run answered)"
+        if args.metrics_window
+        else "the whole series so far"
+    )
+    parts = [
+        MARK_START,
+        "## Pollers while a run trains",
+        "",
+        "Written by `bench/pollers.py` (see `bench/README.md`); rerun it rather than editing"
+        " this section. Issue 5, scenario 14.",
+        "",
+        f"- Command: `{command}`",
+        f"- Date: {started}",
+        f"- Machine: {machine_description()}",
+        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        f"- Services: `trainyard api --workers {args.api_workers}` (uvicorn), one"
+        f" `trainyard worker --pool solo` with `OMP_NUM_THREADS={args.torch_threads or 'default'}`,"
+        f" fresh database `{DB_NAME}`; settings: "
+        + ", ".join(f"`{k}={v}`" for k, v in settings.items())
+        + ".",
+        f"- Run: `configs/runs/letters.yaml` on the tiny Llama, real pipeline (TRL GRPO,"
+        " function reward `char_fraction`, every rollout stored as a trajectory with its"
+        " reward, metrics and a `step` event per step), no checkpoints or evaluation; a fresh"
+        " run per configuration, measured from its second step plus"
+        f" {args.warmup:g} s of warm-up, cancelled after its phases.",
+        f"- Pollers: {args.pollers} in {args.client_procs} client process(es) (asyncio, uvloop; "
+        + (
+            "`--client raw`: a minimal HTTP/1.1 client on asyncio streams, one keep-alive"
+            " connection per poller"
+            if args.client == "raw"
+            else f"httpx, {args.connections} keep-alive connections shared"
+        )
+        + f"). Every {args.interval:g} s each"
+        f" one GETs the run, a page of its events (`limit={args.events_limit}`, following"
+        " `next_cursor` past full pages: a tail of the log) and the metric series"
+        f" {', '.join(f'`{n}`' for n in args.metric_names)} ({metrics_desc}), one after the"
+        f" other; starts staggered over the first interval, {args.ramp:g} s of ramp not"
+        " recorded. Errors: non-2xx answers and transport errors (time-out"
+        f" {args.request_timeout:g} s). Percentiles by nearest rank over every request.",
+        f"- Phases, per configuration: {args.baseline:g} s without pollers, {args.duration:g} s"
+        f" with, {args.baseline:g} s without; the step-time comparison is the median of the"
+        " middle phase against the mean of the medians of the outer two.",
+        f"- CPUs: {pin_line}",
+        f"- PostgreSQL: `max_connections` {args.server_max_connections}, autovacuum"
+        f" `{args.server_autovacuum}` on this server; "
+        + (
+            f"`VACUUM (ANALYZE)` of `{DB_NAME}` after each warm-up, as autovacuum would have"
+            " done by then (without it the planner plans for the empty tables of a fresh"
+            " database)."
+            if args.vacuum_analyze
+            else "no `VACUUM`/`ANALYZE` by the script (`--no-vacuum-analyze`)."
+        ),
+    ]
+    if PG_REFUSED:
+        parts.append(
+            f"- **PostgreSQL refused {sum(PG_REFUSED.values())} of the harness's own"
+            " connections** (`too many clients`): the API's pools held the rest."
+        )
+    if others:
+        parts.append(
+            "- **Other load during the measurement**: "
+            + "; ".join(others)
+            + " (see the `everything else` column)."
+        )
+    p99s = ", ".join(f"{k} {fmt_ms(stats[k]['p99'])}" for k in ENDPOINTS)
+    parts += [
+        "",
+        f"### Targets ({primary})",
+        "",
+        "| target | result | |",
+        "|---|---|---|",
+        f"| zero errors | {stats['all']['errors']:.0f} of {stats['all']['requests']:.0f}"
+        f" requests | {verdict(t['zero_errors'])} |",
+        f"| GET p99 under {TARGET_P99_MS:.0f} ms | {fmt_ms(stats['all']['p99'])} overall"
+        f" ({p99s}) | {verdict(t['p99_under_50ms'])} |",
+        f"| training step ≤ {TARGET_SLOWDOWN * 100:.0f}% slower | {c['slowdown'] * 100:+.1f}%"
+        f" (median {fmt_ms(c['with_median_s'] * 1e3)} vs {fmt_ms(c['baseline_median_s'] * 1e3)};"
+        f" noise: before → after {c['drift'] * 100:+.1f}%)"
+        f" | {verdict(t['step_within_10pct'])} |",
+    ]
+    for label in list(configs)[1:]:
+        o = results[label]
+        ot = o["targets"]
+        parts.append(
+            f"| ({label}) | errors {o['latency']['all']['errors']:.0f}, p99"
+            f" {fmt_ms(o['latency']['all']['p99'])}, step"
+            f" {o['comparison']['slowdown'] * 100:+.1f}% |"
+            f" {', '.join(verdict(v) for v in ot.values())} |"
+        )
+    parts.append("")
+    for label, phases in configs.items():
+        parts += render_config(label.capitalize(), phases, results[label], args)
+    parts += [
+        "### Cost per request, and the database",
+        "",
+        *render_costs(db.get("costs", {}), args, int(db.get("final_step", 0))),
+        *render_explain(db),
+        "",
+        *render_profile(profile, args),
+    ]
+    parts += ["### What this shows and what it does not", "", *caveats(args, cpus), "", MARK_END]
+    return "\n".join(parts) + "\n"
+
+
+def caveats(args: argparse.Namespace, cpus: tuple[set[int], set[int]] | None) -> list[str]:
+    lines = [
+        "- Everything shares one small machine: the API, PostgreSQL, Redis, the pollers and"
+        " the training worker. In a deployment the worker has a GPU host of its own and the"
+        " database a machine of its own; here the tiny model makes a step cost tens of"
+        " milliseconds of CPU, so anything beside the worker shows in its step time.",
+    ]
+    if cpus:
+        lines.append(
+            "- Pinned, the worker (and the backends that write its steps) keep a CPU to"
+            " themselves, as on a worker host of their own. The comparison then shows what"
+            " the pollers cost the training through what is still shared — PostgreSQL's"
+            " WAL, locks and buffers, its shared processes, Redis, the kernel, the memory"
+            " bus — and not the CPU contention of a 2-core box. It does not show a database"
+            " server under load from many runs and dashboards at once, nor the API on a"
+            " machine of its own: the API, its backends and the pollers share one CPU, so"
+            " the latencies are those of a single-core API server, client included. Pinning"
+            " does not isolate what the two vCPUs may share on the host (caches, memory"
+            " bandwidth, perhaps one physical core), and backends PostgreSQL forks meanwhile"
+            " run anywhere for up to 0.5 s before they are pinned."
+        )
+    if "unpinned" in args.configs:
+        lines.append(
+            "- Unpinned, the scheduler spreads everything over all CPUs, and the training"
+            " step pays for the API's and the pollers' CPU directly: a measure of this"
+            " machine, not of the service."
+        )
+    lines += [
+        "- Noise: the step time drifts between the two outer phases by the percentage given"
+        " under each step table; a difference smaller than that drift is not a finding.",
+        "- The pollers poll every"
+        f" {args.interval:g} s, like dashboards; `--interval 0` makes each a closed loop"
+        " (a saturation test, whose latency is the queue the pollers themselves build)."
+        " Offered more than the API serves, an open loop of pollers queues without bound:"
+        " the latency then says how far beyond capacity the load is, not how fast a request"
+        " is (see the cost of each request alone).",
+    ]
+    if args.metrics_window:
+        lines.append(
+            f"- The pollers read the last {args.metrics_window} steps of each series; a client"
+            " that reads the whole series every time costs what the `whole series` row says,"
+            " growing with the run (`--metrics-window 0` measures that)."
+        )
+    return lines
+
+
+# ------------------------------------------------------------------------------------- main
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Concurrent pollers on a training run: API latency and the training's "
+        "step time with and without them.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    p.add_argument("--duration", type=float, default=60.0, help="seconds with pollers")
+    p.add_argument("--pollers", type=int, default=200, help="concurrent pollers")
+    p.add_argument(
+        "--baseline",
+        type=float,
+        default=40.0,
+        help="seconds without pollers before and after the poller phase",
+    )
+    p.add_argument(
+        "--warmup", type=float, default=20.0, help="seconds of training before the first phase"
+    )
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between the starts of a poller's cycles (0: a closed loop)",
+    )
+    p.add_argument(
+        "--ramp", type=float, default=2.0, help="seconds of polling before the recorded window"
+    )
+    p.add_argument(
+        "--client-procs",
+        type=int,
+        default=1,
+        help="client processes the pollers are spread over",
+    )
+    p.add_argument(
+        "--client",
+        choices=["raw", "httpx"],
+        default="raw",
+        help="raw: a minimal keep-alive HTTP/1.1 client on asyncio streams, one connection per"
+        " poller; httpx: one httpx.AsyncClient shared by the pollers of a process",
+    )
+    p.add_argument(
+        "--connections",
+        type=int,
+        help="with --client httpx, connections shared by the pollers (default: one each)",
+    )
+    p.add_argument("--events-limit", type=int, default=50, help="events page size")
+    p.add_argument(
+        "--metric-names",
+        default="reward_mean,loss",
+        help="metric series each poller asks for (comma-separated)",
+    )
+    p.add_argument(
+        "--metrics-window",
+        type=int,
+        default=50,
+        help="ask for the last N steps of each series (step_min; 0: the whole series)",
+    )
+    p.add_argument("--request-timeout", type=float, default=10.0, help="httpx time-out, s")
+    p.add_argument("--api-workers", type=int, default=2, help="uvicorn worker processes")
+    p.add_argument(
+        "--api-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the API and worker (e.g. TRAINYARD_DB_POOL_SIZE=20)",
+    )
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the worker on the first CPU, the rest on the others (default: on with ≤ 4 CPUs)",
+    )
+    p.add_argument(
+        "--compare-unpinned",
+        action="store_true",
+        help="with --pin, measure the three phases again without pinning",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for the worker (0: torch's default, one per core)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=30_000,
+        help="the run's max_steps; it is cancelled once measured",
+    )
+    p.add_argument("--model", type=Path, help="tiny model folder (default: built in a temp home)")
+    p.add_argument(
+        "--pg-url",
+        default="postgresql://postgres@127.0.0.1:5432/postgres",
+        help=f"admin connection; database {DB_NAME} is dropped and created",
+    )
+    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="Celery broker")
+    p.add_argument(
+        "--broker-prefix",
+        default="bench-pollers:",
+        help="TRAINYARD_BROKER_PREFIX; keys under it are deleted before and after",
+    )
+    p.add_argument(
+        "--output",
+        type=Path,
+        default=REPO / "docs" / "benchmarks.md",
+        help="markdown file whose pollers section is replaced",
+    )
+    p.add_argument("--start-timeout", type=float, default=180.0)
+    p.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=30.0,
+        help="longest wait for the machine to go idle before starting",
+    )
+    p.add_argument("--seed", type=int, default=0, help="pollers' start offsets")
+    p.add_argument(
+        "--wait-others",
+        type=float,
+        default=900.0,
+        help="before each configuration, wait up to this long for other benchmarks, pytest"
+        " and wrk to finish",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="measure a configuration again (fresh run) when other load showed up during it",
+    )
+    p.add_argument(
+        "--vacuum-analyze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="VACUUM (ANALYZE) the bench database after each warm-up, as autovacuum would"
+        " have (the planner otherwise plans for the empty tables of a fresh database)",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the measurement, pollers once more with py-spy on the API workers: where"
+        " the API's CPU goes (not in the targets)",
+    )
+    p.add_argument("--profile-seconds", type=float, default=20.0, help="length of that phase")
+    p.add_argument(
+        "--cost-requests",
+        type=int,
+        default=300,
+        help="requests per endpoint for the one-at-a-time cost measurement at the end",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the database and the temp home")
+    args = p.parse_args(argv)
+    if args.pollers < 1 or args.duration <= 0 or args.baseline <= 0 or args.client_procs < 1:
+        p.error("--pollers, --duration, --baseline and --client-procs must be positive")
+    args.connections = args.connections or args.pollers
+    args.server_autovacuum = "?"  # read from the server in main()
+    args.server_max_connections = "?"
+    args.metric_names = [n.strip() for n in args.metric_names.split(",") if n.strip()]
+    n_cpus = len(os.sched_getaffinity(0))
+    if args.pin is None:
+        args.pin = 2 <= n_cpus <= 4
+    if args.pin and n_cpus < 2:
+        p.error("--pin needs at least 2 CPUs")
+    if args.compare_unpinned and not args.pin:
+        p.error("--compare-unpinned goes with --pin")
+    args.configs = ["pinned", "unpinned"] if args.compare_unpinned else []
+    if not args.configs:
+        args.configs = ["pinned" if args.pin else "unpinned"]
+    return args
+
+
+def other_load() -> set[str]:
+    """What else runs here that loads the machine: other benchmarks, pytest, wrk."""
+    found = set()
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        if p.info["pid"] == os.getpid() or p.info.get("name") == "timeout":
+            continue
+        m = OTHER_LOAD.search(" ".join(p.info.get("cmdline") or []))
+        if m:
+            found.add(m.group(0).lstrip("/"))
+    return found
+
+
+def wait_for_other_load(max_wait: float, what: str) -> None:
+    """Wait (polling every 10 s) until no other benchmark, test run or wrk is running."""
+    busy = other_load()
+    if not busy:
+        return
+    log(f"{what}: waiting up to {max_wait:.0f} s for {', '.join(sorted(busy))} to finish")
+    deadline = time.monotonic() + max_wait
+    while busy and time.monotonic() < deadline:
+        time.sleep(10.0)
+        busy = other_load()
+    if busy:
+        log(f"WARNING: still running: {', '.join(sorted(busy))}; measuring anyway")
+
+
+def package_versions(*names: str) -> dict[str, str]:
+    out = {}
+    for name in names:
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[name] = importlib.metadata.version(name)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    home = Path(tempfile.mkdtemp(prefix="trainyard-pollers-"))
+    servers: list[Server] = []
+    pinner: Pinner | None = None
+    configs: dict[str, list[Phase]] = {}
+    results: dict[str, dict[str, Any]] = {}
+    db: dict[str, Any] = {}
+    versions: dict[str, str] = {"Trainyard": trainyard_version()}
+    others: list[str] = []
+    all_cpus = sorted(os.sched_getaffinity(0))
+    cpus = ({all_cpus[0]}, set(all_cpus[1:])) if args.pin else None
+    pg_port = urllib.parse.urlsplit(args.pg_url).port or 5432
+    roles = Roles(DB_NAME, pg_port)
+    run_ids: dict[str, str] = {}
+    db_created = False
+    settings: dict[str, str] = {}
+    profile: dict[str, Any] = {}
+    try:
+        with stop_on_exit(servers):
+            versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
+            args.server_autovacuum = pg_query(args.pg_url, "SHOW autovacuum")[0] or "?"
+            args.server_max_connections = pg_query(args.pg_url, "SHOW max_connections")[0]
+            versions.update(
+                package_versions("torch", "transformers", "trl", "uvicorn", "fastapi", "httpx")
+            )
+            versions["Python"] = platform.python_version()
+            wait_for_other_load(args.wait_others, "before starting")
+            wait_for_quiet(args.settle_timeout)
+            model = args.model
+            if model is None:
+                model = home / "models" / "tiny-llama"
+                run_checked(
+                    [sys.executable, "-m", "app.cli", "tiny-model", str(model)],
+                    what="building the tiny model",
+                )
+            model = model.resolve()
+            services = Services(args, servers, home)
+            db_created = True
+            services.start()
+            assert services.api is not None and services.worker is not None
+            roles.roots["api"] = [services.api.proc.pid]
+            roles.roots["worker"] = [services.worker.proc.pid]
+            if cpus:
+                pinner = Pinner(roles, *cpus)
+                pinner.pin()
+                pinner.start()
+            for n, config in enumerate(args.configs):
+                # A fresh run per configuration (and attempt): the series the pollers read,
+                # and the run row's dead versions, are as old in each.
+                for attempt in range(args.retries + 1):
+                    wait_for_other_load(args.wait_others, config)
+                    if pinner is not None:
+                        (pinner.pin if config == "pinned" else pinner.unpin)()
+                    run_id = services.create_run(run_body(args, model))
+                    run_ids[config] = run_id
+                    log(f"{config}: run {run_id}, waiting for its second step")
+                    services.wait_for_step(run_id, 2, args.start_timeout)
+                    log(f"{config}: warm-up, {args.warmup:g} s of training")
+                    watch(time.time() + args.warmup, services, run_id)
+                    if args.vacuum_analyze:
+                        # What autovacuum would have done by now (it is off on CI's server).
+                        log(f"{config}: VACUUM (ANALYZE) of {DB_NAME}")
+                        bench_query(services.db_url, "VACUUM (ANALYZE)")
+                    phases = [
+                        idle_phase(config, "before", args.baseline, services, roles, run_id),
+                        poller_phase(config, args, services, roles, pinner, run_id),
+                        idle_phase(config, "after", args.baseline, services, roles, run_id),
+                    ]
+                    overlap = sorted(set().union(*(p.overlap for p in phases)))
+                    if not overlap or attempt == args.retries:
+                        break
+                    log(
+                        f"{config}: {', '.join(overlap)} ran during the measurement; measuring"
+                        f" again ({attempt + 1} of {args.retries} retries)"
+                    )
+                    services.cancel(run_id)
+                configs[config] = phases
+                others += [
+                    f"{config}, {p.name}: {', '.join(sorted(p.overlap))}"
+                    for p in phases
+                    if p.overlap
+                ]
+                if args.profile and n == 0:
+                    ph = poller_phase(
+                        config,
+                        args,
+                        services,
+                        roles,
+                        pinner,
+                        run_id,
+                        name="profiled",
+                        duration=args.profile_seconds,
+                        profile=True,
+                    )
+                    profile = profile_summary(sorted(OUT.glob("pollers-profile-api-*.txt")))
+                    profile.update(
+                        config=config,
+                        latency=latency_stats(ph.polls)["all"],
+                        api_cpu_pct=ph.cpu["api"],
+                    )
+                status = services.cancel(run_id)
+                log(f"{config}: run {run_id} {status}")
+                assign_steps(phases, services.step_seconds(run_id), services.step_events(run_id))
+                if n == 0:
+                    db = explain(services, run_id, args)
+                    log("each endpoint alone, one request at a time")
+                    db["costs"] = endpoint_costs(services, roles, run_id, args, args.cost_requests)
+                    db["final_step"] = services.run_state(run_id)[1]
+            settings.update(
+                {
+                    "TRAINYARD_DB_POOL_SIZE": services.env.get(
+                        "TRAINYARD_DB_POOL_SIZE", "10 (default)"
+                    ),
+                    "TRAINYARD_RATE_LIMIT_PER_SECOND": services.env[
+                        "TRAINYARD_RATE_LIMIT_PER_SECOND"
+                    ],
+                    "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": services.env[
+                        "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT"
+                    ],
+                    **{
+                        k: v
+                        for k, _, v in (e.partition("=") for e in args.api_env)
+                        if k != "TRAINYARD_DB_POOL_SIZE"
+                    },
+                }
+            )
+    except BenchError as e:
+        print(f"\nbench failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("\nbench interrupted; services stopped", file=sys.stderr)
+        return 130
+    finally:
+        if pinner is not None:
+            pinner.stop()
+        with contextlib.suppress(BenchError):
+            clear_broker_keys(args.redis_url, args.broker_prefix)
+        if args.keep:
+            log(f"kept database {DB_NAME} and {home}")
+        else:
+            if db_created:
+                with contextlib.suppress(BenchError):
+                    log(f"dropping database {DB_NAME}")
+                    pg_query(args.pg_url, f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+            shutil.rmtree(home, ignore_errors=True)
+
+    for label, phases in configs.items():
+        results[label] = config_results(phases, args)
+    section = render_section(
+        args, configs, results, db, versions, started, cpus, others, settings, profile
+    )
+    write_section(args.output, section, MARK_START, MARK_END)
+    summary = {
+        "started": started,
+        "run_ids": run_ids,
+        "args": {
+            k: v if isinstance(v, int | float | bool | list) else str(v)
+            for k, v in vars(args).items()
+        },
+        "versions": versions,
+        "cpus": {"worker": sorted(cpus[0]), "rest": sorted(cpus[1])} if cpus else None,
+        "other_load": others,
+        "results": {
+            label: {
+                **res,
+                "phases": [
+                    {
+                        "name": p.name,
+                        "seconds": p.end - p.start,
+                        "steps": p.steps,
+                        "cpu_pct": p.cpu,
+                        "loadavg": p.loadavg,
+                    }
+                    for p in configs[label]
+                ],
+            }
+            for label, res in results.items()
+        },
+        "database": {
+            k: ({kk: vv for kk, vv in v.items() if kk != "plan"} if isinstance(v, dict) else v)
+            for k, v in db.items()
+        },
+        "profile": profile,
+        "output": str(args.output),
+    }
+    (OUT / "pollers.json").write_text(json.dumps({**summary, "database": db}, indent=2) + "\n")
+    print(json.dumps(summary, indent=2, default=str))
+    primary = results[next(iter(results))]["targets"]
+    log(
+        f"wrote {args.output} (section {MARK_START} … {MARK_END}); targets: "
+        + ", ".join(f"{k} {'pass' if v else 'FAIL'}" for k, v in primary.items())
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
