@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
+from app.core.sql import Where
 from app.runs.status import RunStatus
 
 Order = Literal["newest", "oldest"]
@@ -165,32 +166,6 @@ def _steps(value: int | Iterable[int] | None) -> tuple[int, ...] | range | None:
         return int(v)
 
     return _values("steps", value, step)
-
-
-class Where:
-    """``WHERE`` clauses with ``$n`` parameters, built up one filter at a time."""
-
-    def __init__(self, params: Sequence[Any] = ()) -> None:
-        self.clauses: list[str] = []
-        self.params: list[Any] = list(params)
-
-    def param(self, value: Any) -> str:
-        self.params.append(value)
-        return f"${len(self.params)}"
-
-    def add(self, clause: str) -> None:
-        self.clauses.append(clause)
-
-    def among(self, column: str, values: Sequence[Any], sql_type: str) -> None:
-        """``column`` is one of ``values``: ``=`` for one value, so the planner can walk an
-        index in order (``= ANY`` over several cannot)."""
-        if len(values) == 1:
-            self.add(f"{column} = {self.param(values[0])}")
-        else:
-            self.add(f"{column} = ANY({self.param(list(values))}::{sql_type}[])")
-
-    def sql(self) -> str:
-        return " AND ".join(self.clauses) if self.clauses else "true"
 
 
 def trajectory_where(f: Filters, project_ids: Sequence[uuid.UUID] | None) -> Where:

@@ -18,11 +18,11 @@ from typing import Any
 
 import asyncpg
 
+from app.core.sql import Where
 from app.training_data.filters import (
     Filters,
     Order,
     TrainingDataError,
-    Where,
     run_where,
     trajectory_where,
 )
