@@ -22,7 +22,9 @@ def make_engine(url: str, *, pool_size: int = 10) -> AsyncEngine:
     return create_async_engine(
         url,
         pool_size=pool_size,
-        max_overflow=pool_size,
+        # A fixed number of connections per process: under load, requests wait for one
+        # (then 503) rather than open more until PostgreSQL's max_connections refuses.
+        max_overflow=0,
         pool_pre_ping=False,
         connect_args={"server_settings": {"application_name": "trainyard"}},
     )

@@ -12,6 +12,8 @@ import logging
 import re
 from typing import Any
 
+import asyncpg
+import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -217,15 +219,70 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=headers,
         )
 
+    # Database errors get a handler of their own (not only the catch-all below, which
+    # Starlette runs after the fact and then re-raises): when PostgreSQL has no connection
+    # to spare, or the pool waited too long for one, the answer is a 503 the client can
+    # retry, not a 500 and a dropped connection.
+    for database_error in (asyncpg.PostgresError, sqlalchemy.exc.DBAPIError, OSError):
+
+        @app.exception_handler(database_error)
+        async def _database(request: Request, exc: Exception) -> JSONResponse:
+            if _unavailable(exc):
+                log.warning(
+                    "database unavailable on %s %s: %s", request.method, request.url.path, exc
+                )
+                return problem_response(
+                    503,
+                    "Service Unavailable",
+                    "The database is at its connection limit or unreachable; retry shortly.",
+                    instance=request.url.path,
+                    headers={"Retry-After": "1"},
+                )
+            return _internal_error(request)
+
+    @app.exception_handler(sqlalchemy.exc.TimeoutError)
+    async def _pool_timeout(request: Request, exc: Exception) -> JSONResponse:
+        log.warning("connection pool exhausted on %s %s", request.method, request.url.path)
+        return problem_response(
+            503,
+            "Service Unavailable",
+            "Every database connection of this API process is busy; retry shortly.",
+            instance=request.url.path,
+            headers={"Retry-After": "1"},
+        )
+
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return problem_response(
-            500,
-            "Internal Server Error",
-            "The server failed to handle this request; it has been logged.",
-            instance=request.url.path,
-        )
+        return _internal_error(request)
+
+
+_UNAVAILABLE = (
+    asyncpg.TooManyConnectionsError,
+    asyncpg.CannotConnectNowError,
+    asyncpg.ConnectionDoesNotExistError,
+    ConnectionError,
+)
+
+
+def _unavailable(exc: BaseException | None) -> bool:
+    """Whether ``exc`` (or what caused it) says the database cannot be reached right now."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, _UNAVAILABLE):
+            return True
+        exc = getattr(exc, "orig", None) or exc.__cause__
+        seen += 1
+    return False
+
+
+def _internal_error(request: Request) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path)
+    return problem_response(
+        500,
+        "Internal Server Error",
+        "The server failed to handle this request; it has been logged.",
+        instance=request.url.path,
+    )
 
 
 def allowed_methods(request: Request) -> str | None:
