@@ -72,6 +72,7 @@ from app.core.copy_format import NULL, copy_field  # noqa: E402
 from app.core.pg import connect_kwargs  # noqa: E402
 from app.training_data import queries  # noqa: E402
 from app.training_data.filters import Filters  # noqa: E402
+from app.training_data.jsonl import COPY_COLUMNS  # noqa: E402
 from app.training_data.library import (  # noqa: E402
     count_training_trajectories_async,
     get_training_trajectories_async,
@@ -109,20 +110,6 @@ TD_INDEXES = (
     "ix_trajectories_created",
     "ix_trajectories_learning_key_created",
     "ix_trajectories_run_created",
-)
-COPY_COLUMNS = (
-    "id",
-    "run_id",
-    "project_id",
-    "learning_key",
-    "step",
-    "group_index",
-    "rollout_index",
-    "messages",
-    "reward",
-    "reward_breakdown",
-    "metadata",
-    "created_at",
 )
 INGEST_COPY_COLUMNS = tuple(c for c in COPY_COLUMNS if c != "created_at")  # now(), as upserts
 _INSERT_RUN = """

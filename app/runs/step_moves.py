@@ -24,6 +24,7 @@ from typing import Any
 
 import asyncpg
 
+from app.metrics.service import storable_values
 from app.runs.state import Fence, LeaseLost, TransitionConflict, can_transition
 from app.runs.status import RunStatus as S
 
@@ -253,11 +254,7 @@ async def step_finished(
             "data": {"step": step, "reward_mean": reward, "loss": metrics.get("loss")},
         }
     )
-    values = {
-        name[:128]: float(value)
-        for name, value in metrics.items()
-        if isinstance(value, int | float) and math.isfinite(value)
-    }
+    values = storable_values(metrics)
     dst = S.TRAINING if last else S.COLLECTING
     await _move(
         conn,

@@ -220,7 +220,8 @@ _INSERT_EVENT = """
 INSERT INTO run_events (run_id, type, level, message, data)
 VALUES ($1, 'imported', 'info', $2, $3)
 """
-_COLUMNS = (
+# The columns an import (and the training-data benchmark's load) COPYs, in this order.
+COPY_COLUMNS = (
     "id",
     "run_id",
     "project_id",
@@ -278,7 +279,7 @@ async def import_jsonl_async(
                 await conn.copy_to_table(
                     "trajectories",
                     source=_copy_stream(rows, run_id, project_id, key),
-                    columns=_COLUMNS,
+                    columns=COPY_COLUMNS,
                     format="text",
                 )
     return ImportResult(project_id, new_ids, len(lines))
