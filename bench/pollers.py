@@ -33,8 +33,6 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import datetime as dt
-import importlib.metadata
 import itertools
 import json
 import math
@@ -45,7 +43,6 @@ import platform
 import random
 import re
 import resource
-import shlex
 import shutil
 import statistics
 import subprocess
@@ -54,53 +51,46 @@ import tempfile
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import psutil
-import yaml
-
-REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "bench"
-for _path in (str(BENCH), str(REPO)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-# The process, database and report helpers of the other benchmarks.
-from api_vs_mlflow import (  # noqa: E402
+from common import (
     OUT,
+    REPO,
+    TERMINAL,
     BenchError,
+    RawHTTP,
     Server,
-    free_port,
+    Trainyard,
+    TransportError,
+    add_output_arg,
+    add_trainyard_args,
+    clear_redis_prefix,
+    command_line,
+    cpu_seconds,
+    drop_database,
+    fmt_ms,
+    letters_run,
+    loadavg,
     log,
     machine_description,
+    package_versions,
     pg_query,
-    pg_url_for,
-    recreate_database,
     run_checked,
-    start_server,
     stop_on_exit,
+    torch_thread_env,
     trainyard_version,
+    utc_now,
     wait_for_quiet,
-    wait_ready,
     write_section,
-)
-from service_vs_script import (  # noqa: E402
-    clear_broker_keys,
-    cpu_of,
-    loadavg,
-    thread_env,
-    wait_for_log,
 )
 
 MARK_START = "<!-- pollers:start -->"
 MARK_END = "<!-- pollers:end -->"
-PRESET = REPO / "configs" / "runs" / "letters.yaml"
 DB_NAME = "bench_pollers"
-TERMINAL = {"completed", "failed", "cancelled"}
 ENDPOINTS = ("run", "events", "metrics")
 ENDPOINT_PATHS = {
     "run": "GET /runs/{id}",
@@ -174,66 +164,6 @@ def poller_process(cfg: PollerConfig, conn: mpc.Connection) -> None:
             conn.send(f"{type(e).__name__}: {e}")
     finally:
         conn.close()
-
-
-class TransportError(Exception):
-    """A request that got no HTTP answer (refused, reset, closed early, timed out)."""
-
-
-class RawHTTP:
-    """One keep-alive HTTP/1.1 connection, one request at a time: the lean client. httpx
-    costs the client several times the CPU per request, on the cores the API needs."""
-
-    def __init__(self, base_url: str, key: str, timeout: float) -> None:
-        u = urllib.parse.urlsplit(base_url)
-        self.host = u.hostname or "127.0.0.1"
-        self.port = u.port or 80
-        self.head = f"Host: {u.netloc}\r\nAuthorization: Bearer {key}\r\n\r\n".encode()
-        self.timeout = timeout
-        self.reader: asyncio.StreamReader | None = None
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def get(self, target: str) -> tuple[int, bytes]:
-        try:
-            async with asyncio.timeout(self.timeout):
-                return await self._get(target)
-        except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
-            self.close()
-            raise TransportError(type(e).__name__) from e
-
-    async def _get(self, target: str) -> tuple[int, bytes]:
-        if self.writer is None or self.reader is None:
-            self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(b"GET " + target.encode() + b" HTTP/1.1\r\n" + self.head)
-        head = await self.reader.readuntil(b"\r\n\r\n")
-        lines = head.split(b"\r\n")
-        status = int(lines[0].split(b" ", 2)[1])
-        length, chunked, close = 0, False, False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                close = b"close" in value.lower()
-        if chunked:
-            parts = []
-            while size := int((await self.reader.readuntil(b"\r\n")).split(b";")[0], 16):
-                parts.append(await self.reader.readexactly(size + 2))
-            await self.reader.readuntil(b"\r\n")
-            body = b"".join(p[:-2] for p in parts)
-        else:
-            body = await self.reader.readexactly(length) if length else b""
-        if close:
-            self.close()
-        return status, body
-
-    def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-        self.reader = self.writer = None
 
 
 async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
@@ -601,8 +531,8 @@ def snapshot(roles: Roles) -> CpuSnapshot:
         machine=psutil.cpu_times(),
         per_cpu=psutil.cpu_times(percpu=True),
         procs={
-            "worker": cpu_of(roles.roots["worker"]),
-            "api": cpu_of(roles.roots["api"]),
+            "worker": cpu_seconds(*roles.roots["worker"]),
+            "api": cpu_seconds(*roles.roots["api"]),
             "harness": me.user + me.system,
         },
         backends=backends,
@@ -642,25 +572,11 @@ def cpu_usage(a: CpuSnapshot, b: CpuSnapshot, pollers_cpu: float = 0.0) -> dict[
 
 
 def run_body(args: argparse.Namespace, model: Path) -> dict[str, Any]:
-    """configs/runs/letters.yaml, long enough to outlast the measurement (it is cancelled at
-    the end), no checkpoints and no evaluation while it is measured."""
-    body: dict[str, Any] = yaml.safe_load(PRESET.read_text())
-    per_epoch = math.ceil(len(body["inputs"]) / body["grpo"]["groups_per_step"])
-    body.update(
-        model_name=str(model),
-        max_steps=args.max_steps,
-        num_epochs=min(
-            10_000, max(int(body.get("num_epochs", 1)), -(-args.max_steps // per_epoch))
-        ),
-        trained_model_name=f"bench-pollers-{uuid.uuid4().hex[:8]}",
+    """Long enough to outlast the measurement (it is cancelled at the end), no checkpoints
+    and no evaluation while it is measured."""
+    return letters_run(
+        model, steps=args.max_steps, save_steps=args.max_steps + 1, name="bench-pollers"
     )
-    body["grpo"] = {
-        **body["grpo"],
-        "save_steps": args.max_steps + 1,
-        "eval_steps": args.max_steps + 1,
-        "validation_fraction": 0.0,
-    }
-    return body
 
 
 PG_REFUSED: collections.Counter[str] = collections.Counter()  # harness connections refused
@@ -680,97 +596,25 @@ def bench_query(url: str, sql: str, tries: int = 20) -> list[str | None]:
     raise AssertionError("unreachable")
 
 
-class Services:
+class Services(Trainyard):
     """A fresh bench database, the API, one worker, an API key; what the phases need."""
 
     def __init__(self, args: argparse.Namespace, servers: list[Server], home: Path) -> None:
+        super().__init__(
+            args,
+            name="pollers",
+            db_name=DB_NAME,
+            servers=servers,
+            home=home,
+            env={
+                # Measure the API under load, not its limits: one key makes every request.
+                "TRAINYARD_RATE_LIMIT_PER_SECOND": "0",
+                "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
+                **torch_thread_env(args.torch_threads),
+                **dict(item.partition("=")[::2] for item in args.api_env),
+            },
+        )
         self.args = args
-        self.servers = servers
-        self.home = home
-        self.db_url = pg_url_for(args.pg_url, DB_NAME, "postgresql")
-        self.env = dict(os.environ)
-        self.env.update(
-            TRAINYARD_HOME=str(home),
-            TRAINYARD_ARTIFACTS_DIR=str(home / "artifacts"),
-            TRAINYARD_DATABASE_URL=pg_url_for(args.pg_url, DB_NAME, "postgresql+asyncpg"),
-            TRAINYARD_REDIS_URL=args.redis_url,
-            TRAINYARD_BROKER_PREFIX=args.broker_prefix,
-            # Measure the API under load, not its limits: one key makes every request here.
-            TRAINYARD_RATE_LIMIT_PER_SECOND="0",
-            TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT="0",
-            HF_HUB_OFFLINE="1",
-        )
-        self.env.update(thread_env(args))
-        for item in args.api_env:
-            k, _, v = item.partition("=")
-            self.env[k] = v
-        self.key = ""
-        self.api: Server | None = None
-        self.worker: Server | None = None
-
-    def cli(self) -> list[str]:
-        return [sys.executable, "-m", "app.cli"]
-
-    def start(self) -> None:
-        args = self.args
-        recreate_database(args.pg_url, DB_NAME)
-        clear_broker_keys(args.redis_url, args.broker_prefix)
-        log(f"migrating {DB_NAME} (app.cli._upgrade)")
-        from app.cli import _upgrade
-
-        _upgrade(self.env["TRAINYARD_DATABASE_URL"])
-        out = run_checked(
-            [*self.cli(), "keys", "create", "--project", "bench-pollers"],
-            env=self.env,
-            what="creating an API key",
-        )
-        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-        if not lines:
-            raise BenchError("`trainyard keys create` printed nothing; expected the key last")
-        self.key = lines[-1]
-        port = free_port()
-        self.api = start_server(
-            "pollers-api",
-            [
-                *self.cli(),
-                "api",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-                "--workers",
-                str(args.api_workers),
-            ],
-            env=self.env,
-            cwd=REPO,
-            base_url=f"http://127.0.0.1:{port}",
-        )
-        self.servers.append(self.api)
-        wait_ready(self.api, "/healthz", timeout=args.start_timeout)
-        self.worker = start_server(
-            "pollers-worker",
-            [*self.cli(), "worker", "--pool", "solo"],
-            env=self.env,
-            cwd=REPO,
-            base_url="",
-        )
-        self.servers.append(self.worker)
-        wait_for_log(self.worker, re.compile(r"\bready\.?\s*$", re.M), args.start_timeout)
-
-    def client(self) -> httpx.Client:
-        assert self.api is not None
-        return httpx.Client(
-            base_url=self.api.base_url,
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=30.0,
-        )
-
-    def create_run(self, body: dict[str, Any]) -> str:
-        with self.client() as client:
-            r = client.post("/runs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
-        if r.status_code != 202:
-            raise BenchError(f"POST /runs answered {r.status_code}: {r.text[:1000]}")
-        return str(r.json()["id"])
 
     def run_state(self, run_id: str) -> tuple[str, int, str | None]:
         row = bench_query(
@@ -786,11 +630,7 @@ class Services:
     def check(self, run_id: str) -> int:
         """The run's step; raises if the worker died or the run ended."""
         assert self.worker is not None
-        if self.worker.proc.poll() is not None:
-            raise BenchError(
-                f"the worker exited with {self.worker.proc.returncode}; last lines of"
-                f" {self.worker.log_path}:\n{self.worker.tail()}"
-            )
+        self.worker.check_alive()
         status, step, error = self.run_state(run_id)
         if status in TERMINAL:
             raise BenchError(
@@ -809,11 +649,9 @@ class Services:
                 )
             time.sleep(0.5)
 
-    def cancel(self, run_id: str, timeout: float = 60.0) -> str:
-        with self.client() as client:
-            r = client.post(f"/runs/{run_id}/cancel")
-            if r.status_code not in (200, 202, 409):
-                log(f"WARNING: cancel answered {r.status_code}: {r.text[:300]}")
+    def cancel_and_wait(self, run_id: str, timeout: float = 60.0) -> str:
+        """Cancel the run; its status once it ended (or after ``timeout`` s)."""
+        self.cancel(run_id)
         deadline = time.monotonic() + timeout
         status = self.run_state(run_id)[0]
         while status not in TERMINAL and time.monotonic() < deadline:
@@ -823,15 +661,7 @@ class Services:
 
     def step_seconds(self, run_id: str) -> dict[int, float]:
         """The run's own per-step time (GET /runs/{id}/metrics, the worker's clock)."""
-        with self.client() as client:
-            r = client.get(f"/runs/{run_id}/metrics", params={"name": STEP_METRIC})
-            r.raise_for_status()
-        return {
-            int(p["step"]): float(p["value"])
-            for s in r.json()["series"]
-            if s["name"] == STEP_METRIC
-            for p in s["points"]
-        }
+        return dict(self.metrics(run_id, STEP_METRIC).get(STEP_METRIC, []))
 
     def step_events(self, run_id: str) -> dict[int, float]:
         """When each step's `step` event was written (epoch s, the database clock)."""
@@ -912,7 +742,7 @@ def poller_phase(
         f"{config}: {name}, {args.pollers} pollers in {args.client_procs} process(es),"
         f" every {args.interval:g} s, {duration:g} s (+{args.ramp:g} s ramp)"
     )
-    fleet = PollerFleet(args, services.api.base_url, services.key, run_id, duration)
+    fleet = PollerFleet(args, services.base_url, services.key, run_id, duration)
     spies: list[subprocess.Popen[bytes]] = []
     try:
         with roles.lock:
@@ -1277,12 +1107,6 @@ def explain(services: Services, run_id: str, args: argparse.Namespace) -> dict[s
 # ------------------------------------------------------------------------------------ report
 
 
-def fmt_ms(v: float) -> str:
-    if math.isnan(v):
-        return "n/a"
-    return f"{v:.0f} ms" if v >= 100 else f"{v:.1f} ms"
-
-
 def fmt_pct(v: float) -> str:
     return "n/a" if math.isnan(v) else f"{v:.0f}%"
 
@@ -1442,7 +1266,7 @@ def render_explain(db: dict[str, Any]) -> list[str]:
         f" {rows.get('metric_points', '?')} metric points ({rows.get('series_points', '?')} in"
         f" the polled series) and {rows.get('trajectories', '?')} trajectories."
         " `EXPLAIN (ANALYZE, BUFFERS)` of what each endpoint asks (the statements of"
-        " `app/runs/repository.py`, `app/events/service.py` and `app/metrics/router.py`,"
+        " `app/runs/repository.py`, `app/events/service.py` and `app/metrics/service.py`,"
         " written out):",
         "",
         "| endpoint | index | execution |",
@@ -1577,7 +1401,7 @@ def render_section(
     settings: dict[str, str],
     profile: dict[str, Any],
 ) -> str:
-    command = shlex.join([".venv/bin/python", "bench/pollers.py", *sys.argv[1:]])
+    command = command_line("pollers.py")
     primary = next(iter(configs))
     res = results[primary]
     t = res["targets"]
@@ -1835,30 +1659,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the run's max_steps; it is cancelled once measured",
     )
     p.add_argument("--model", type=Path, help="tiny model folder (default: built in a temp home)")
-    p.add_argument(
-        "--pg-url",
-        default="postgresql://postgres@127.0.0.1:5432/postgres",
-        help=f"admin connection; database {DB_NAME} is dropped and created",
+    add_trainyard_args(
+        p,
+        databases=f"database {DB_NAME} is",
+        redis_db=13,
+        broker_prefix="bench-pollers:",
+        settle_timeout=30.0,
+        start_timeout=180.0,
     )
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/13", help="Celery broker")
-    p.add_argument(
-        "--broker-prefix",
-        default="bench-pollers:",
-        help="TRAINYARD_BROKER_PREFIX; keys under it are deleted before and after",
-    )
-    p.add_argument(
-        "--output",
-        type=Path,
-        default=REPO / "docs" / "benchmarks.md",
-        help="markdown file whose pollers section is replaced",
-    )
-    p.add_argument("--start-timeout", type=float, default=180.0)
-    p.add_argument(
-        "--settle-timeout",
-        type=float,
-        default=30.0,
-        help="longest wait for the machine to go idle before starting",
-    )
+    add_output_arg(p, "pollers")
     p.add_argument("--seed", type=int, default=0, help="pollers' start offsets")
     p.add_argument(
         "--wait-others",
@@ -1940,18 +1749,10 @@ def wait_for_other_load(max_wait: float, what: str) -> None:
         log(f"WARNING: still running: {', '.join(sorted(busy))}; measuring anyway")
 
 
-def package_versions(*names: str) -> dict[str, str]:
-    out = {}
-    for name in names:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            out[name] = importlib.metadata.version(name)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-pollers-"))
     servers: list[Server] = []
     pinner: Pinner | None = None
@@ -1983,13 +1784,15 @@ def main(argv: list[str] | None = None) -> int:
             if model is None:
                 model = home / "models" / "tiny-llama"
                 run_checked(
-                    [sys.executable, "-m", "app.cli", "tiny-model", str(model)],
+                    [str(args.trainyard_bin), "tiny-model", str(model)],
                     what="building the tiny model",
                 )
             model = model.resolve()
             services = Services(args, servers, home)
             db_created = True
-            services.start()
+            services.start(
+                project="bench-pollers", api_workers=args.api_workers, timeout=args.start_timeout
+            )
             assert services.api is not None and services.worker is not None
             roles.roots["api"] = [services.api.proc.pid]
             roles.roots["worker"] = [services.worker.proc.pid]
@@ -2004,7 +1807,7 @@ def main(argv: list[str] | None = None) -> int:
                     wait_for_other_load(args.wait_others, config)
                     if pinner is not None:
                         (pinner.pin if config == "pinned" else pinner.unpin)()
-                    run_id = services.create_run(run_body(args, model))
+                    run_id = str(services.create_run(run_body(args, model))["id"])
                     run_ids[config] = run_id
                     log(f"{config}: run {run_id}, waiting for its second step")
                     services.wait_for_step(run_id, 2, args.start_timeout)
@@ -2026,7 +1829,7 @@ def main(argv: list[str] | None = None) -> int:
                         f"{config}: {', '.join(overlap)} ran during the measurement; measuring"
                         f" again ({attempt + 1} of {args.retries} retries)"
                     )
-                    services.cancel(run_id)
+                    services.cancel_and_wait(run_id)
                 configs[config] = phases
                 others += [
                     f"{config}, {p.name}: {', '.join(sorted(p.overlap))}"
@@ -2051,7 +1854,7 @@ def main(argv: list[str] | None = None) -> int:
                         latency=latency_stats(ph.polls)["all"],
                         api_cpu_pct=ph.cpu["api"],
                     )
-                status = services.cancel(run_id)
+                status = services.cancel_and_wait(run_id)
                 log(f"{config}: run {run_id} {status}")
                 assign_steps(phases, services.step_seconds(run_id), services.step_events(run_id))
                 if n == 0:
@@ -2087,14 +1890,14 @@ def main(argv: list[str] | None = None) -> int:
         if pinner is not None:
             pinner.stop()
         with contextlib.suppress(BenchError):
-            clear_broker_keys(args.redis_url, args.broker_prefix)
+            clear_redis_prefix(args.redis_url, args.broker_prefix)
         if args.keep:
             log(f"kept database {DB_NAME} and {home}")
         else:
             if db_created:
                 with contextlib.suppress(BenchError):
                     log(f"dropping database {DB_NAME}")
-                    pg_query(args.pg_url, f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+                    drop_database(args.pg_url, DB_NAME)
             shutil.rmtree(home, ignore_errors=True)
 
     for label, phases in configs.items():

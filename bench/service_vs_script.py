@@ -26,14 +26,12 @@ import argparse
 import collections
 import contextlib
 import dataclasses
-import datetime as dt
 import itertools
 import json
 import math
 import os
 import platform
 import re
-import shlex
 import shutil
 import signal
 import statistics
@@ -41,49 +39,49 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx
 import psutil
-import yaml
-
-REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "bench"
-for _path in (str(BENCH), str(REPO)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-# The process, database and report helpers of the API benchmark.
-from api_vs_mlflow import (  # noqa: E402
+from common import (
+    BENCH,
     OUT,
+    REPO,
+    TERMINAL,
     BenchError,
     Server,
-    free_port,
+    Trainyard,
+    add_output_arg,
+    add_trainyard_args,
+    clear_redis_prefix,
+    command_line,
+    cpu_seconds,
+    letters_run,
+    loadavg,
     log,
+    machine_busy,
     machine_description,
+    pg_json,
     pg_query,
     pg_url_for,
-    recreate_database,
-    redis_command,
+    redis_ping,
     run_checked,
+    run_to_end,
     start_server,
     stop_on_exit,
+    torch_thread_env,
     trainyard_version,
+    utc_now,
     wait_for_quiet,
-    wait_ready,
     write_section,
 )
 
 MARK_START = "<!-- service-vs-script:start -->"
 MARK_END = "<!-- service-vs-script:end -->"
-PRESET = REPO / "configs" / "runs" / "letters.yaml"
 SCRIPT = BENCH / "grpo_script.py"
 STEP_WRITES = BENCH / "step_writes.py"
 DB_NAME = "bench_service"
-TERMINAL = {"completed", "failed", "cancelled"}
-TARGET = 1.15
+TARGET = 1.05  # issue 9: the service costs at most 5% over the plain script
 TABLES = ("trajectories", "metric_points", "run_events", "runs", "checkpoints", "task_inputs")
 
 
@@ -91,24 +89,7 @@ TABLES = ("trajectories", "metric_points", "run_events", "runs", "checkpoints", 
 
 
 def run_body(args: argparse.Namespace, model: Path, steps: int) -> dict[str, Any]:
-    """configs/runs/letters.yaml with this benchmark's overrides."""
-    body: dict[str, Any] = yaml.safe_load(PRESET.read_text())
-    n_inputs = len(body["inputs"])
-    groups = body["grpo"]["groups_per_step"]
-    per_epoch = math.ceil(n_inputs / groups)
-    body.update(
-        model_name=str(model),
-        max_steps=steps,
-        num_epochs=max(int(body.get("num_epochs", 1)), math.ceil(steps / per_epoch)),
-        trained_model_name=f"bench-{uuid.uuid4().hex[:8]}",
-    )
-    body["grpo"] = {
-        **body["grpo"],
-        "save_steps": args.save_steps,
-        "eval_steps": args.save_steps,  # no evaluation runs (no validation inputs)
-        "validation_fraction": 0.0,
-    }
-    return body
+    return letters_run(model, steps=steps, save_steps=args.save_steps, name="bench")
 
 
 def resolved(body: dict[str, Any]) -> dict[str, Any]:
@@ -224,43 +205,14 @@ class Sample:
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def machine_busy(before: Any, after: Any) -> float:
-    total = sum(getattr(after, k) - getattr(before, k) for k in before._fields)
-    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
-    return 100.0 * (1 - idle / total) if total > 0 else float("nan")
-
-
-def loadavg() -> tuple[float, float, float]:
-    one, five, fifteen = os.getloadavg()
-    return (round(one, 2), round(five, 2), round(fifteen, 2))
-
-
-def cpu_of(pids: list[int]) -> float:
-    """User + system CPU seconds of these processes (and their descendants)."""
-    total = 0.0
-    seen: set[int] = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            root = psutil.Process(pid)
-            for p in [root, *root.children(recursive=True)]:
-                if p.pid in seen:
-                    continue
-                seen.add(p.pid)
-                with contextlib.suppress(psutil.Error):
-                    t = p.cpu_times()
-                    total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
 class Database:
-    """Queries on the bench database through the API benchmark's tiny client."""
+    """What the harness reads of the bench database: counters, a run's events and rows."""
 
     def __init__(self, admin_url: str) -> None:
-        self.url = pg_url_for(admin_url, DB_NAME, "postgresql")
+        self.url = pg_url_for(admin_url, DB_NAME)
 
     def json(self, sql: str) -> Any:
-        rows = pg_query(self.url, sql)
-        return json.loads(rows[0]) if rows and rows[0] is not None else None
+        return pg_json(self.url, sql)
 
     def backend_pids(self) -> list[int]:
         return [
@@ -351,112 +303,46 @@ def stats_delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]
     return {"db": db, "tables": tables}
 
 
-class Services:
+class Services(Trainyard):
     """The API and one worker on a fresh database, plus what it takes to measure a run."""
 
     def __init__(self, args: argparse.Namespace, servers: list[Server], home: Path) -> None:
+        super().__init__(
+            args,
+            name="svs",
+            db_name=DB_NAME,
+            servers=servers,
+            home=home,
+            env=torch_thread_env(args.torch_threads),
+        )
         self.args = args
-        self.servers = servers
-        self.home = home
         self.db = Database(args.pg_url)
-        self.env = dict(os.environ)
-        self.env.update(
-            TRAINYARD_HOME=str(home),
-            TRAINYARD_ARTIFACTS_DIR=str(home / "artifacts"),
-            TRAINYARD_DATABASE_URL=pg_url_for(args.pg_url, DB_NAME, "postgresql+asyncpg"),
-            TRAINYARD_REDIS_URL=args.redis_url,
-            TRAINYARD_BROKER_PREFIX=args.broker_prefix,
-            HF_HUB_OFFLINE="1",
-        )
-        self.env.update(thread_env(args))
-        self.key = ""
-        self.api: Server | None = None
-        self.worker: Server | None = None
-
-    def start(self) -> None:
-        args = self.args
-        trainyard = str(args.trainyard_bin)
-        recreate_database(args.pg_url, DB_NAME)
-        clear_broker_keys(args.redis_url, args.broker_prefix)
-        run_checked([trainyard, "db", "upgrade"], env=self.env, what=f"migrating {DB_NAME}")
-        out = run_checked(
-            [trainyard, "keys", "create", "--project", "bench"],
-            env=self.env,
-            what="creating an API key",
-        )
-        lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
-        if not lines:
-            raise BenchError("`trainyard keys create` printed nothing; expected the key last")
-        self.key = lines[-1]
-        port = free_port()
-        self.api = start_server(
-            "svs-api",
-            [trainyard, "api", "--host", "127.0.0.1", "--port", str(port)],
-            env=self.env,
-            cwd=REPO,
-            base_url=f"http://127.0.0.1:{port}",
-        )
-        self.servers.append(self.api)
-        wait_ready(self.api, "/healthz", timeout=args.start_timeout)
-        self.worker = start_server(
-            "svs-worker",
-            [trainyard, "worker", "--pool", "solo"],
-            env=self.env,
-            cwd=REPO,
-            base_url="",
-        )
-        self.servers.append(self.worker)
-        wait_for_log(self.worker, re.compile(r"\bready\.?\s*$", re.M), args.start_timeout)
-
-    def client(self) -> httpx.Client:
-        assert self.api is not None
-        return httpx.Client(
-            base_url=self.api.base_url,
-            headers={"Authorization": f"Bearer {self.key}"},
-            timeout=30.0,
-        )
 
     def create_and_wait(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
         """POST the run and poll it until it ends; returns the run and the wall time."""
         assert self.worker is not None
+        t0 = time.monotonic()
+        run = self.create_run(body)
+        deadline = t0 + self.args.run_timeout
         with self.client() as client:
-            t0 = time.monotonic()
-            r = client.post("/runs", json=body, headers={"Idempotency-Key": uuid.uuid4().hex})
-            if r.status_code != 202:
-                raise BenchError(f"POST /runs answered {r.status_code}: {r.text[:1000]}")
-            run = r.json()
-            deadline = t0 + self.args.run_timeout
             while run["status"] not in TERMINAL:
                 if time.monotonic() > deadline:
                     raise BenchError(
                         f"run {run['id']} still {run['status']} after {self.args.run_timeout:.0f}"
                         f" s; last lines of {self.worker.log_path}:\n{self.worker.tail()}"
                     )
-                if self.worker.proc.poll() is not None:
-                    raise BenchError(
-                        f"the worker exited with {self.worker.proc.returncode}; last lines of"
-                        f" {self.worker.log_path}:\n{self.worker.tail()}"
-                    )
+                self.worker.check_alive()
                 time.sleep(self.args.poll_interval)
                 r = client.get(f"/runs/{run['id']}")
                 r.raise_for_status()
                 run = r.json()
-            wall = time.monotonic() - t0
+        wall = time.monotonic() - t0
         if run["status"] != "completed":
             raise BenchError(
                 f"run {run['id']} ended {run['status']}: {run.get('error')}; worker log:"
                 f" {self.worker.log_path}"
             )
         return run, wall
-
-    def metrics(self, run_id: str, *names: str) -> dict[str, list[tuple[int, float]]]:
-        with self.client() as client:
-            r = client.get(f"/runs/{run_id}/metrics", params=[("name", n) for n in names])
-            r.raise_for_status()
-            return {
-                s["name"]: [(p["step"], p["value"]) for p in s["points"]]
-                for s in r.json()["series"]
-            }
 
 
 def pipeline_version(path: Path) -> str:
@@ -466,45 +352,6 @@ def pipeline_version(path: Path) -> str:
     text = path.read_text()
     mode = "write-behind" if "WriteBehind" in text else "synchronous writes"
     return f"training.py {hashlib.sha256(text.encode()).hexdigest()[:10]} ({mode})"
-
-
-def thread_env(args: argparse.Namespace) -> dict[str, str]:
-    """torch's intra-op threads, the same on both sides (0: torch's default, one per core)."""
-    if not args.torch_threads:
-        return {}
-    n = str(args.torch_threads)
-    return {"OMP_NUM_THREADS": n, "MKL_NUM_THREADS": n}
-
-
-def wait_for_log(server: Server, pattern: re.Pattern[str], timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise BenchError(
-                f"{server.name} exited with {server.proc.returncode} while starting; last lines"
-                f" of {server.log_path}:\n{server.tail()}"
-            )
-        with contextlib.suppress(OSError):
-            if pattern.search(server.log_path.read_text(errors="replace")):
-                server.remember_children()
-                return
-        time.sleep(0.5)
-    raise BenchError(
-        f"{server.name} not ready within {timeout:.0f} s; last lines of {server.log_path}:\n"
-        f"{server.tail()}"
-    )
-
-
-def clear_broker_keys(redis_url: str, prefix: str) -> None:
-    """Delete the Redis keys under our Celery prefix (never the whole db: it is shared)."""
-    if not prefix:
-        raise BenchError("--broker-prefix must not be empty (Redis db is shared)")
-    pattern = re.sub(r"([\\*?\[\]])", r"\\\1", prefix) + "*"
-    script = (
-        "local n = 0 for _, k in ipairs(redis.call('KEYS', ARGV[1])) do"
-        " redis.call('DEL', k) n = n + 1 end return n"
-    )
-    redis_command(redis_url, "EVAL", script, "0", pattern)
 
 
 def phase_times(
@@ -548,15 +395,15 @@ def measure_service(
     stats_before = services.db.stats()
     pg_pids = services.db.backend_pids()
     procs = {"worker": [services.worker.proc.pid], "api": [services.api.proc.pid]}
-    cpu_before = {k: cpu_of(v) for k, v in procs.items()}
-    pg_before = {pid: cpu_of([pid]) for pid in pg_pids}
+    cpu_before = {k: cpu_seconds(*v) for k, v in procs.items()}
+    pg_before = {pid: cpu_seconds(pid) for pid in pg_pids}
     load_before, machine_before = loadavg(), psutil.cpu_times()
     run, _ = services.create_and_wait(body)
     load_after, machine_after = loadavg(), psutil.cpu_times()
-    cpu = {k: cpu_of(v) - cpu_before[k] for k, v in procs.items()}
+    cpu = {k: cpu_seconds(*v) - cpu_before[k] for k, v in procs.items()}
     # Backends of the bench database; pooled connections live across the run.
     pg_after_pids = services.db.backend_pids()
-    cpu["postgres"] = sum(cpu_of([p]) - pg_before.get(p, 0.0) for p in pg_after_pids)
+    cpu["postgres"] = sum(cpu_seconds(p) - pg_before.get(p, 0.0) for p in pg_after_pids)
     run_id = run["id"]
     events = services.db.events(run_id)
     series = services.metrics(run_id, "step_seconds", "reward_mean")
@@ -619,19 +466,8 @@ def measure_script(
     label = label or f"svs-script-{rep}"
     load_before, machine_before = loadavg(), psutil.cpu_times()
     full = [*(wrap or []), *cmd]
-    log(f"script (rep {rep}): {shlex.join(full)}")
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **thread_env(args)}
-    script = start_server(label, full, env=env, cwd=REPO, base_url="")
-    servers.append(script)
-    try:
-        deadline = time.monotonic() + args.run_timeout
-        while script.proc.poll() is None:
-            if time.monotonic() > deadline:
-                raise BenchError(f"{label} still running after {args.run_timeout:.0f} s")
-            time.sleep(0.5)
-    finally:
-        script.stop()
-        servers.remove(script)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", **torch_thread_env(args.torch_threads)}
+    script = run_to_end(label, full, env=env, servers=servers, timeout=args.run_timeout)
     load_after, machine_after = loadavg(), psutil.cpu_times()
     lines = script.log_path.read_text(errors="replace").splitlines()
     result = None
@@ -885,14 +721,10 @@ def step_writes(
 ) -> dict[str, Any]:
     """bench/step_writes.py on a completed run: each per-step write replayed alone."""
     cmd = [sys.executable, str(STEP_WRITES), "--run-id", run_id, "--steps", "50"]
-    log(f"replaying one step's writes: {shlex.join(cmd)}")
-    proc = start_server("svs-step-writes", cmd, env=services.env, cwd=REPO, base_url="")
-    servers.append(proc)
-    try:
-        proc.proc.wait(timeout=args.run_timeout)
-    finally:
-        proc.stop()
-        servers.remove(proc)
+    log("replaying one step's writes")
+    proc = run_to_end(
+        "svs-step-writes", cmd, env=services.env, servers=servers, timeout=args.run_timeout
+    )
     lines = proc.log_path.read_text(errors="replace").splitlines()
     if proc.proc.returncode != 0 or not lines or not lines[-1].startswith("{"):
         raise BenchError(f"step_writes.py failed; last lines of {proc.log_path}:\n{proc.tail()}")
@@ -927,8 +759,6 @@ def profile_pair(
         "svs-pyspy",
         [pyspy, "record", *flags, "-o", str(worker_raw), "--pid", str(services.worker.proc.pid)],
         env=dict(os.environ),
-        cwd=REPO,
-        base_url="",
     )
     servers.append(spy)
     try:
@@ -1281,7 +1111,7 @@ def render_section(
     run: dict[str, Any],
     load_start: tuple[float, float, float],
 ) -> str:
-    command = shlex.join([".venv/bin/python", "bench/service_vs_script.py", *sys.argv[1:]])
+    command = command_line("service_vs_script.py")
     a, b = med(script, lambda s: s.seconds), med(service, lambda s: s.seconds)
     r = b / a if a else float("nan")
     verdict = "within" if r <= TARGET else "**above**"
@@ -1383,38 +1213,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="one more pair under py-spy; adds a per-activity breakdown to the section",
     )
-    p.add_argument(
-        "--pg-url",
-        default="postgresql://postgres@127.0.0.1:5432/postgres",
-        help=f"admin connection; database {DB_NAME} is dropped and created",
+    add_trainyard_args(
+        p,
+        databases=f"database {DB_NAME} is",
+        redis_db=12,
+        broker_prefix="bench-svs:",
+        settle_timeout=30.0,
+        start_timeout=120.0,
     )
-    p.add_argument("--redis-url", default="redis://127.0.0.1:6379/12", help="Celery broker")
-    p.add_argument(
-        "--broker-prefix",
-        default="bench-svs:",
-        help="TRAINYARD_BROKER_PREFIX; keys under it are deleted before and after",
-    )
-    p.add_argument(
-        "--trainyard-bin",
-        type=Path,
-        default=REPO / ".venv" / "bin" / "trainyard",
-        help="the trainyard CLI",
-    )
-    p.add_argument(
-        "--output",
-        type=Path,
-        default=REPO / "docs" / "benchmarks.md",
-        help="markdown file whose service-vs-script section is replaced",
-    )
+    add_output_arg(p, "service-vs-script")
     p.add_argument("--poll-interval", type=float, default=1.0, help="GET /runs/{id} period, s")
     p.add_argument("--run-timeout", type=float, default=1200.0, help="longest run, either side")
-    p.add_argument("--start-timeout", type=float, default=120.0)
-    p.add_argument(
-        "--settle-timeout",
-        type=float,
-        default=30.0,
-        help="longest wait for the machine to go idle before each measurement",
-    )
     p.add_argument(
         "--stats-wait",
         type=float,
@@ -1439,7 +1248,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     OUT.mkdir(parents=True, exist_ok=True)
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-svs-"))
     servers: list[Server] = []
     script_samples: list[Sample] = []
@@ -1453,7 +1262,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.trainyard_bin.exists():
                 raise BenchError(f"{args.trainyard_bin} not found: install the project first")
             versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
-            redis_command(args.redis_url, "PING")
+            redis_ping(args.redis_url)
             model = args.model
             if model is None:
                 model = home / "models" / "tiny-llama"
@@ -1468,7 +1277,7 @@ def main(argv: list[str] | None = None) -> int:
             prompts_file.write_text(json.dumps(prompts))
 
             services = Services(args, servers, home)
-            services.start()
+            services.start(timeout=args.start_timeout)
             log(f"warm-up: a {args.warmup_steps}-step service run (the worker imports TRL)")
             warm_body = run_body(args, model, args.warmup_steps)
             cold = measure_service(services, warm_body, planned_prompts(resolved(warm_body)), 0)
@@ -1504,7 +1313,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     finally:
         with contextlib.suppress(BenchError):
-            clear_broker_keys(args.redis_url, args.broker_prefix)
+            clear_redis_prefix(args.redis_url, args.broker_prefix)
         if args.keep:
             log(f"kept {home}")
         else:

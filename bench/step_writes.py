@@ -52,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
     from app.core.settings import Settings
     from app.runs.state import Fence
     from workers.context import RunContext
-    from workers.pipeline.training import RunPaths, StepBridge, make_callback
+    from workers.pipeline.callback import RunCallback
+    from workers.pipeline.training import RunPaths, StepBridge
     from workers.rewards import make_scorer
     from workers.runtime import Runtime
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         bridge = StepBridge(ctx, run, make_scorer(run.reward), engine="transformers")
         # Only the plan's length matters to these writes (is there a next step?).
         plan: list[Any] = [None] * (args.steps + 2)
-        callback = make_callback(ctx, run, bridge, RunPaths(Path("/nonexistent")), plan)
+        callback = RunCallback(ctx, run, bridge, RunPaths(Path("/nonexistent")), plan)
         rollouts = [
             {
                 "group_index": r.group_index,

@@ -33,52 +33,56 @@ import asyncio
 import contextlib
 import dataclasses
 import datetime as dt
+import functools
 import itertools
 import json
 import math
 import os
 import platform
 import random
-import shlex
 import shutil
 import statistics
 import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 import psutil
-
-REPO = Path(__file__).resolve().parent.parent
-BENCH = REPO / "bench"
-for _path in (str(BENCH), str(REPO)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
-# The report helpers of the API benchmark.
-from api_vs_mlflow import (  # noqa: E402
+from common import (
     BenchError,
+    add_output_arg,
+    add_trainyard_bin_arg,
+    command_line,
+    drop_database,
+    log,
     machine_description,
+    migrate,
+    package_versions,
     pg_url_for,
+    recreate_database,
     trainyard_version,
+    utc_now,
     wait_for_quiet,
     write_section,
 )
+from common import (
+    fmt_ms as _fmt_ms,
+)
 
-from app.core.copy_format import NULL, copy_field  # noqa: E402
-from app.core.pg import connect_kwargs  # noqa: E402
-from app.training_data import queries  # noqa: E402
-from app.training_data.filters import Filters  # noqa: E402
-from app.training_data.jsonl import COPY_COLUMNS  # noqa: E402
-from app.training_data.library import (  # noqa: E402
+from app.core.copy_format import NULL, copy_field
+from app.core.pg import connect_kwargs
+from app.training_data import queries
+from app.training_data.filters import Filters
+from app.training_data.jsonl import COPY_COLUMNS
+from app.training_data.library import (
     count_training_trajectories_async,
     get_training_trajectories_async,
     open_connection,
 )
 
+fmt_ms = functools.partial(_fmt_ms, digits=2)  # the queries take well under a millisecond
 MARK_START = "<!-- training-data:start -->"
 MARK_END = "<!-- training-data:end -->"
 DEFAULT_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
@@ -138,10 +142,6 @@ _SYSTEM_PROMPTS = (
     "Answer in JSON with the keys reasoning and answer.",
     "You write short, correct Python functions.",
 )
-
-
-def log(msg: str) -> None:
-    print(f"[td-bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- data set
@@ -343,12 +343,6 @@ async def admin_connect(admin_url: str) -> asyncpg.Connection:
         return await asyncpg.connect(**connect_kwargs(admin_url))
     except (OSError, asyncpg.PostgresError) as exc:
         raise BenchError(f"cannot connect to PostgreSQL at {admin_url}: {exc}") from exc
-
-
-async def recreate_database(admin: asyncpg.Connection, name: str) -> None:
-    log(f"recreating database {name}")
-    await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await admin.execute(f'CREATE DATABASE "{name}"')
 
 
 async def stored_dataset(admin: asyncpg.Connection, db_url: str, name: str) -> dict[str, Any]:
@@ -1086,14 +1080,6 @@ async def measure_ingest(args: argparse.Namespace, db_url: str) -> dict[str, Any
 # -------------------------------------------------------------------------------- report
 
 
-def fmt_ms(ms: float) -> str:
-    if ms != ms:
-        return "n/a"
-    if ms >= 10_000:
-        return f"{ms / 1000:.1f} s"
-    return f"{ms:.0f} ms" if ms >= 100 else f"{ms:.2f} ms"
-
-
 def fmt_bytes(n: float) -> str:
     for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= size:
@@ -1352,12 +1338,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--ingest-step", type=int, default=64, help="rollouts per step and commit (default 64)"
     )
     p.add_argument("--skip-ingest", action="store_true", help="no ingest measurement")
-    p.add_argument(
-        "--output",
-        type=Path,
-        default=REPO / "docs" / "benchmarks.md",
-        help="the file whose training-data section is replaced (default docs/benchmarks.md)",
-    )
+    add_trainyard_bin_arg(p)
+    add_output_arg(p, "training-data")
     args = p.parse_args(argv)
     if args.rows is not None and args.rows < 10_000:
         p.error("--rows must be at least 10,000")
@@ -1369,15 +1351,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.ingest_step % GROUP_SIZE or args.ingest_step < GROUP_SIZE:
         p.error(f"--ingest-step must be a multiple of {GROUP_SIZE}")
     return args
-
-
-def package_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "unknown"
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -1424,11 +1397,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     raise BenchError(f"not enough disk for even 10,000 rows ({fmt_bytes(free)})")
                 log(f"NOTE: scaling down to {fits:,} rows to fit the disk with a 2x margin")
                 rows = fits
-            await recreate_database(admin, args.db_name)
-            from app.cli import _upgrade
-
-            log("migrating (alembic upgrade head)")
-            await asyncio.to_thread(_upgrade, db_url)
+            await asyncio.to_thread(recreate_database, args.database_url, args.db_name)
+            await asyncio.to_thread(migrate, db_url, [str(args.trainyard_bin)])
             data = await load(args, db_url, rows, superuser)
     finally:
         await admin.close()
@@ -1453,21 +1423,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "PostgreSQL": server_version,
         "Python": platform.python_version(),
         "asyncpg": asyncpg.__version__,
-        "SQLAlchemy": package_version("sqlalchemy"),
+        **{"SQLAlchemy": package_versions("sqlalchemy").get("sqlalchemy", "unknown")},
     }
     if args.drop:
-        admin = await admin_connect(args.database_url)
-        try:
-            log(f"dropping {args.db_name}")
-            await admin.execute(f'DROP DATABASE IF EXISTS "{args.db_name}" WITH (FORCE)')
-        finally:
-            await admin.close()
+        log(f"dropping {args.db_name}")
+        await asyncio.to_thread(drop_database, args.database_url, args.db_name)
     return results
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    started = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    started = utc_now()
     t0 = time.perf_counter()
     psutil.cpu_percent(interval=None)
     try:
@@ -1479,7 +1445,7 @@ def main(argv: list[str] | None = None) -> int:
         log("interrupted")
         return 130
     results["versions"] = {"Trainyard": trainyard_version(), **results["versions"]}
-    results["command"] = shlex.join([".venv/bin/python", "bench/training_data.py", *sys.argv[1:]])
+    results["command"] = command_line("training_data.py")
     results["date"] = started
     results["machine"] = machine_description()
     results["verdicts"] = verdicts(results)
