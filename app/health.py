@@ -2,17 +2,39 @@ from __future__ import annotations
 
 import asyncio
 
+import redis.asyncio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from sqlalchemy import text
 
+from app.core.embedded import redis_py_url
+
 router = APIRouter(tags=["health"])
+
+# Each dependency must answer within this; a probe that hangs is an answer too.
+READY_TIMEOUT = 2.0
 
 
 class Health(BaseModel):
     status: str
     checks: dict[str, str] = {}
+
+
+def broker_client(url: str) -> redis.asyncio.Redis:
+    """The client ``/readyz`` pings the broker's Redis with (``app.state.redis``).
+
+    A PING is all readiness needs to know about the broker, so the API holds no Celery app.
+    No retries: the probe's caller (an orchestrator, ``trainyard up``) asks again anyway.
+    """
+    return redis.asyncio.from_url(
+        redis_py_url(url),
+        socket_connect_timeout=READY_TIMEOUT,
+        socket_timeout=READY_TIMEOUT,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 @router.get("/healthz", operation_id="healthz", response_model=Health)
@@ -31,13 +53,14 @@ async def readyz(request: Request) -> JSONResponse:
     """The database and the broker answer."""
     checks: dict[str, str] = {}
     try:
-        async with request.app.state.engine.connect() as conn:
-            await asyncio.wait_for(conn.execute(text("SELECT 1")), timeout=2)
+        async with asyncio.timeout(READY_TIMEOUT), request.app.state.engine.connect() as conn:
+            await conn.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        await asyncio.wait_for(asyncio.to_thread(_ping_broker, request), timeout=3)
+        async with asyncio.timeout(READY_TIMEOUT):
+            await request.app.state.redis.ping()
         checks["broker"] = "ok"
     except Exception as exc:
         checks["broker"] = f"error: {type(exc).__name__}"
@@ -46,8 +69,3 @@ async def readyz(request: Request) -> JSONResponse:
         Health(status="ok" if ok else "unavailable", checks=checks).model_dump(),
         status_code=200 if ok else 503,
     )
-
-
-def _ping_broker(request: Request) -> None:
-    with request.app.state.celery.connection_for_write() as conn:
-        conn.ensure_connection(max_retries=1, timeout=2)

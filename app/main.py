@@ -22,11 +22,11 @@ from app.core.settings import Settings, get_settings
 from app.datasets.router import router as datasets_router
 from app.datasets.upload import MULTIPART_ENVELOPE_BYTES
 from app.events.router import router as events_router
+from app.health import broker_client
 from app.health import router as health_router
 from app.inputs.router import router as inputs_router
 from app.metrics.router import router as metrics_router
 from app.runs.router import router as runs_router
-from app.training_data.router import router as training_data_router
 from app.trajectories.router import router as trajectories_router
 
 try:
@@ -40,8 +40,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from workers.celery_app import make_celery
-
         url = database_url(settings)
         app.state.settings = settings
         engine = make_engine(url, pool_size=settings.db_pool_size)
@@ -53,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         app.state.key_cache = KeyCache()
         broker = redis_url(settings)
-        app.state.celery = make_celery(broker, settings.broker_prefix)
+        app.state.redis = broker_client(broker)  # for /readyz
         app.state.rate_limiter = (
             RateLimiter(
                 broker,
@@ -73,6 +71,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             if app.state.rate_limiter is not None:
                 await app.state.rate_limiter.aclose()
+            await app.state.redis.aclose()
             await app.state.pg.close()
             await engine.dispose()
 
@@ -92,7 +91,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         checkpoints_router,
         inputs_router,
         trajectories_router,
-        training_data_router,
         datasets_router,
     ):
         app.include_router(router, responses=problem_responses(429))

@@ -11,6 +11,7 @@ import logging
 import secrets
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -68,14 +69,16 @@ class KeyCache:
     """Recently verified keys, so a request costs no extra query.
 
     A revoked key stops working within ``ttl`` seconds in every API process. Concurrent
-    misses for one key share a single lookup, so an expiry does not stampede the database.
+    misses for one key share a single lookup, so an expiry does not stampede the database
+    (docs/benchmarks.md, "Where the time went"). Written here because nothing installed does
+    that second part: cachetools (not a dependency) has TTL maps but no shared async miss.
     """
 
     def __init__(self, ttl: float = 5.0, max_entries: int = 10_000) -> None:
         self.ttl = ttl
         self.max_entries = max_entries
         self._entries: dict[str, tuple[Principal, float]] = {}
-        self._inflight: dict[str, asyncio.Future[Principal | None]] = {}
+        self._loading: dict[str, asyncio.Task[Principal | None]] = {}
 
     def get(self, digest: str) -> Principal | None:
         hit = self._entries.get(digest)
@@ -83,9 +86,36 @@ class KeyCache:
             return None
         return hit[0]
 
-    def put(self, digest: str, principal: Principal) -> None:
+    async def load(
+        self, digest: str, lookup: Callable[[], Awaitable[Principal | None]]
+    ) -> Principal | None:
+        """After a miss: ``lookup()``'s answer, shared by every request that missed meanwhile.
+
+        The lookup runs as a task of its own, so a request that gives up (a client that hung
+        up) does not take the answer away from the others waiting on it.
+        """
+        task = self._loading.get(digest)
+        if task is None:
+            task = asyncio.ensure_future(self._load(digest, lookup))
+            # Retrieved here too, in case every request waiting on it has given up.
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())
+            self._loading[digest] = task
+        return await asyncio.shield(task)
+
+    async def _load(
+        self, digest: str, lookup: Callable[[], Awaitable[Principal | None]]
+    ) -> Principal | None:
+        try:
+            principal = await lookup()
+            if principal is not None:  # unknown keys are not cached: they may be created
+                self._put(digest, principal)
+            return principal
+        finally:
+            del self._loading[digest]
+
+    def _put(self, digest: str, principal: Principal) -> None:
         if len(self._entries) >= self.max_entries:
-            self._entries.clear()
+            self._entries.clear()  # bounded memory; each live key costs one query to refill
         self._entries[digest] = (principal, time.monotonic() + self.ttl)
 
     def clear(self) -> None:
@@ -107,31 +137,22 @@ async def authenticate(pool: asyncpg.Pool, plain: str, cache: KeyCache) -> Princ
     principal = cache.get(digest)
     if principal is not None:
         return principal
-    pending = cache._inflight.get(digest)
-    if pending is not None:
-        return await asyncio.shield(pending)
-    future: asyncio.Future[Principal | None] = asyncio.get_running_loop().create_future()
-    cache._inflight[digest] = future
-    try:
-        async with pool.acquire() as conn:
-            row = await conn.fetchrow(_LOOKUP, digest)
-        principal = Principal(project_id=row["project_id"], key_id=row["id"]) if row else None
-        if principal is not None:
-            cache.put(digest, principal)
-            if row["stale"]:
-                # last_used_at is informational: refreshed at most once a minute, off the
-                # request path.
-                task = asyncio.create_task(_touch(pool, principal.key_id))
-                _background.add(task)
-                task.add_done_callback(_background.discard)
-        future.set_result(principal)
-        return principal
-    except BaseException as exc:
-        future.set_exception(exc)
-        future.exception()  # mark retrieved: waiters re-raise it themselves
-        raise
-    finally:
-        del cache._inflight[digest]
+    return await cache.load(digest, lambda: _lookup(pool, digest))
+
+
+async def _lookup(pool: asyncpg.Pool, digest: str) -> Principal | None:
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow(_LOOKUP, digest)
+    if row is None:
+        return None
+    principal = Principal(project_id=row["project_id"], key_id=row["id"])
+    if row["stale"]:
+        # last_used_at is informational: refreshed at most once a minute, off the request
+        # path, so a lookup is no write.
+        task = asyncio.create_task(_touch(pool, principal.key_id))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+    return principal
 
 
 async def _touch(pool: asyncpg.Pool, key_id: uuid.UUID) -> None:

@@ -22,7 +22,6 @@ import pwd
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import time
@@ -33,6 +32,9 @@ from pathlib import Path
 from urllib.parse import quote
 
 import psutil
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 PG_DATABASE = "trainyard"
 PG_USER = "postgres"
@@ -440,6 +442,14 @@ def _redis_url(sock: Path) -> str:
     return f"redis+socket://{quote(str(sock), safe='/')}"
 
 
+def redis_py_url(url: str) -> str:
+    """``url`` as redis-py reads it: ``redis+socket://`` (Celery's spelling of a unix socket,
+    the form :func:`start_redis` hands out) becomes ``unix://``; other URLs are unchanged."""
+    if url.startswith("redis+socket://"):
+        return "unix://" + url.removeprefix("redis+socket://")
+    return url
+
+
 def _redis_quote(value: Path) -> str:
     return '"' + str(value).replace("\\", "\\\\").replace('"', '\\"') + '"'
 
@@ -472,21 +482,26 @@ def _redis_start(rdir: Path, sock: Path) -> None:
         )
 
 
-def _redis_ping(sock: Path) -> bytes:
+def _redis_ping(sock: Path) -> bool:
+    """One PING, no retries: the caller's loop is the retry (and watches the process)."""
+    client = redis.Redis(
+        unix_socket_path=str(sock),
+        socket_timeout=1.0,
+        socket_connect_timeout=1.0,
+        retry=Retry(NoBackoff(), 0),
+    )
     try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.settimeout(1.0)
-            conn.connect(str(sock))
-            conn.sendall(b"PING\r\n")
-            return conn.recv(64)
-    except OSError:
-        return b""
+        return bool(client.ping())
+    except redis.RedisError:  # not listening yet, or -LOADING its dump (BusyLoadingError)
+        return False
+    finally:
+        client.close()
 
 
 def _wait_redis(sock: Path, pid: int, rdir: Path, deadline: float) -> bool:
-    """True once PING answers PONG; keeps waiting while the server loads its dump (-LOADING)."""
+    """True once PING answers PONG; keeps waiting while the server loads its dump."""
     while _server_process(pid, "redis", rdir) is not None:
-        if _redis_ping(sock).startswith(b"+PONG"):
+        if _redis_ping(sock):
             return True
         if time.monotonic() > deadline:
             return False

@@ -1,5 +1,6 @@
 """Per-key rate limits and the per-project cap on active runs, over the real app, PostgreSQL
-and Redis.
+and Redis. The limiter's own Redis side (shared buckets, NOSCRIPT, dropped and stalled
+connections) is tested in tests/core/test_ratelimit.py.
 
 The session's app runs with the default limits; each test here builds an app of its own with
 small ones (and its lifespan), as the ``api`` fixture does.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import ssl
 import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
@@ -23,23 +23,12 @@ import pytest
 from sqlalchemy import func, select, update
 
 from app.core import ratelimit
-from app.core.ratelimit import (
-    Decision,
-    Pipe,
-    RateLimiter,
-    ReplyError,
-    Target,
-    bulks,
-    command,
-    parse_reply,
-)
-from app.core.services import redis_url
+from app.core.ratelimit import Decision
 from app.core.settings import get_settings
 from app.main import create_app
 from app.runs.models import Run
 from app.runs.status import RunStatus
-from tests.conftest import run_body
-from tests.factories import create_run
+from tests.support.runs import create_run, run_body
 
 PROBLEM = "application/problem+json"
 CLOSED_PORT_REDIS = "redis://127.0.0.1:1/0"  # nothing listens on port 1
@@ -156,156 +145,6 @@ async def test_redis_down_fails_open_and_warns_once(limited_client, make_tenant,
     warnings = [r for r in caplog.records if r.name == "app.core.ratelimit"]
     assert len(warnings) == 1, warnings
     assert "not rate-limited" in warnings[0].getMessage()
-
-
-def _limiter(**kw: Any) -> RateLimiter:
-    settings = get_settings()
-    kw.setdefault("rate", 10)
-    kw.setdefault("burst", 4)
-    return RateLimiter(kw.pop("url", redis_url(settings)), prefix=settings.broker_prefix, **kw)
-
-
-async def test_processes_share_one_bucket_and_a_lost_script_is_loaded_again(
-    service_urls: tuple[str, str],
-) -> None:
-    """Two limiters (two API processes) on one key draw from one bucket in Redis."""
-    a, b = _limiter(), _limiter()
-    key = uuid.uuid4().hex
-    try:
-        decisions = [await (a if i % 2 else b).hit(key) for i in range(5)]
-        assert all(d is not None for d in decisions)
-        assert [d.allowed for d in decisions if d] == [True, True, True, True, False]
-        assert [d.remaining for d in decisions if d][:4] == [3, 2, 1, 0]
-        refused = decisions[-1]
-        assert refused is not None and 0 < refused.retry_after <= 0.1
-        # As after SCRIPT FLUSH or a Redis restart: EVALSHA answers NOSCRIPT, and the
-        # request is sent again as EVAL (which loads the script again) and still counts.
-        b._evalsha = (bulks(b"EVALSHA", b"0" * 40, 1), b._evalsha[1])
-        await asyncio.sleep(0.25)  # two tokens back
-        again = await b.hit(key)
-        assert again is not None and again.allowed
-        # The connection dropped (a Redis restart, an idle timeout): the next request
-        # connects again, and is counted.
-        assert a._pipe is not None and a._pipe.transport is not None
-        a._pipe.transport.close()
-        await asyncio.sleep(0)
-        last = await a.hit(key)
-        assert last is not None and last.allowed and last.remaining == 0
-    finally:
-        await a.aclose()
-        await b.aclose()
-
-
-def test_concurrent_requests_share_one_connection_under_uvloop(
-    service_urls: tuple[str, str],
-) -> None:
-    """The server runs uvloop: there, fifty requests at once on one connection each get
-    their own reply, in order, and every one is counted exactly once."""
-    import uvloop
-
-    async def scenario() -> list[Decision | None]:
-        limiter = _limiter(rate=1, burst=1000)
-        try:
-            return await asyncio.gather(*[limiter.hit("uv-" + KEY) for _ in range(50)])
-        finally:
-            await limiter.aclose()
-
-    KEY = uuid.uuid4().hex
-    decisions = uvloop.run(scenario())
-    assert all(d is not None and d.allowed for d in decisions)
-    assert sorted(d.remaining for d in decisions if d) == list(range(950, 1000))
-
-
-async def test_a_redis_that_never_answers_costs_one_timeout_then_nothing(
-    caplog, monkeypatch
-) -> None:
-    caplog.set_level(logging.WARNING, logger="app.core.ratelimit")
-    monkeypatch.setattr(ratelimit, "COMMAND_TIMEOUT", 0.2)
-    monkeypatch.setattr(ratelimit, "CONNECT_TIMEOUT", 0.2)
-    received = bytearray()
-
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        received.extend(await reader.read(1024))
-        await reader.read()  # silent until the limiter gives up and hangs up
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    limiter = _limiter(url=f"redis://u:s3cret@127.0.0.1:{port}/3")
-    try:
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        assert await limiter.hit("k") is None
-        assert loop.time() - started < 0.2 + 0.2 + 0.5
-        started = loop.time()
-        assert await limiter.hit("k") is None  # skipped: Redis is not asked again yet
-        assert loop.time() - started < 0.05
-    finally:
-        await limiter.aclose()
-        server.close()
-    assert bytes(received) == command("AUTH", "u", "s3cret")  # then SELECT 3, after +OK
-    assert len([r for r in caplog.records if r.name == "app.core.ratelimit"]) == 1
-
-
-async def test_handshake_then_a_reply_that_is_not_a_decision_fails_open() -> None:
-    received = bytearray()
-
-    async def ok_to_everything(reader: asyncio.StreamReader, writer: asyncio.StreamWriter):
-        while data := await reader.read(4096):
-            received.extend(data)
-            writer.write(b"+OK\r\n" * data.count(b"*"))  # one reply per command (arrays)
-
-    server = await asyncio.start_server(ok_to_everything, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    limiter = _limiter(url=f"redis://:pw@127.0.0.1:{port}/3")
-    try:
-        assert await limiter.hit("k") is None
-    finally:
-        await limiter.aclose()
-        server.close()
-    assert bytes(received).startswith(command("AUTH", "pw") + command("SELECT", 3))
-    assert b"EVALSHA" in received
-
-
-def test_replies_split_anywhere_resolve_their_requests_in_order() -> None:
-    async def scenario() -> list[Any]:
-        pipe = Pipe()
-
-        class Transport:
-            def write(self, data: bytes) -> None:
-                pass
-
-            def close(self) -> None:
-                pass
-
-        pipe.connection_made(Transport())  # type: ignore[arg-type]
-        waiters = [pipe.request(b"") for _ in range(4)]
-        stream = b"*4\r\n:1\r\n:199\r\n:0\r\n:10000\r\n-NOSCRIPT No matching script\r\n"
-        stream += b"$3\r\nabc\r\n+OK\r\n"
-        for i in range(len(stream)):
-            pipe.data_received(stream[i : i + 1])
-        return [await w for w in waiters]
-
-    replies = asyncio.run(scenario())
-    assert replies[0] == [1, 199, 0, 10000]
-    assert isinstance(replies[1], ReplyError) and str(replies[1]).startswith("NOSCRIPT")
-    assert replies[2:] == [b"abc", b"OK"]
-    assert parse_reply(b"*2\r\n:1\r\n") is None
-    assert parse_reply(b"$-1\r\n") == (None, 5)
-
-
-def test_urls_the_broker_takes_work_for_the_limiter_too() -> None:
-    embedded = Target.from_url("redis+socket:///tmp/ty/redis.sock")
-    assert embedded.path == "/tmp/ty/redis.sock" and embedded.handshake == ()
-    unix = Target.from_url("unix:///run/redis.sock?db=2")
-    assert unix.path == "/run/redis.sock" and unix.handshake == (command("SELECT", 2),)
-    tcp = Target.from_url("redis://user:p%40ss@cache:6380/1")
-    assert (tcp.host, tcp.port, tcp.tls) == ("cache", 6380, None)
-    assert tcp.handshake == (command("AUTH", "user", "p@ss"), command("SELECT", 1))
-    tls = Target.from_url("rediss://cache?ssl_cert_reqs=none")
-    assert tls.tls is not None and tls.tls.verify_mode == ssl.CERT_NONE
-    verified = Target.from_url("rediss://cache")
-    assert verified.tls is not None and verified.tls.verify_mode == ssl.CERT_REQUIRED
-    assert verified.tls.check_hostname
 
 
 # ---------------------------------------------------------------- active-run cap

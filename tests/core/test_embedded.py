@@ -18,7 +18,15 @@ from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from app.core.embedded import EmbeddedService, start_postgres, start_redis, stop_all
+from app.core.embedded import (
+    EmbeddedService,
+    redis_py_url,
+    start_postgres,
+    start_redis,
+    stop_all,
+)
+from app.core.ratelimit import RateLimiter
+from app.health import broker_client
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -52,7 +60,7 @@ def _pg_query(url: str) -> list[tuple[object, ...]]:
 
 def _redis_client(url: str) -> redis.Redis:
     assert url.startswith("redis+socket:///")
-    return redis.Redis(unix_socket_path=url.removeprefix("redis+socket://"), socket_timeout=5)
+    return redis.Redis.from_url(redis_py_url(url), socket_timeout=5)
 
 
 def _unrelated_process() -> subprocess.Popen[bytes]:
@@ -156,3 +164,27 @@ def test_deep_data_dir_uses_short_socket_dir(data_dir: Path) -> None:
             shutil.rmtree(socket_dir, ignore_errors=True)
     assert pg.pid is not None and not _alive(pg.pid)
     assert rd.pid is not None and not _alive(rd.pid)
+
+
+def test_redis_py_reads_the_url_the_broker_takes() -> None:
+    assert redis_py_url("redis+socket:///tmp/ty/redis.sock") == "unix:///tmp/ty/redis.sock"
+    for other in ("redis://cache:6380/1", "rediss://cache", "unix:///run/redis.sock?db=2"):
+        assert redis_py_url(other) == other
+
+
+def test_the_limiter_and_readyz_reach_the_embedded_redis(data_dir: Path) -> None:
+    """Celery's ``redis+socket://`` spelling, which start_redis hands out, works for the
+    API's own Redis clients too."""
+    rd = start_redis(data_dir)
+
+    async def scenario() -> tuple[bool, int | None]:
+        limiter = RateLimiter(rd.url, rate=0.001, burst=3)
+        ready = broker_client(rd.url)
+        try:
+            decision = await limiter.hit("embedded")
+            return bool(await ready.ping()), decision.remaining if decision else None
+        finally:
+            await limiter.aclose()
+            await ready.aclose()
+
+    assert asyncio.run(scenario()) == (True, 2)

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from tests.llm.fake_server import Reply, ScriptedLLM, free_port
+from tests.support.llm import Reply, ScriptedLLM, free_port
 from workers.llm import (
     AnswerRejected,
     ChatClient,
@@ -258,3 +258,16 @@ def test_check_server_error(llm: ScriptedLLM) -> None:
     llm.models_status = 503
     with client(llm) as c, pytest.raises(LLMUnavailable, match="HTTP 503"):
         c.check()
+
+
+def test_chat_shares_the_retry_budget_and_its_verdicts(llm: ScriptedLLM) -> None:
+    llm.script(Reply(status=503), Reply(status=502))
+    with client(llm, max_retries=1) as c, pytest.raises(LLMCallError) as err:
+        c.chat([{"role": "user", "content": "hi"}])
+    assert len(llm.requests) == 2
+    assert "HTTP 502" in str(err.value) and "after 2 attempts: HTTP 503" in str(err.value)
+    llm.reset()
+    llm.script(Reply(status=404, body={"error": "no such model"}))
+    with client(llm, max_retries=3) as c, pytest.raises(LLMCallError, match="HTTP 404"):
+        c.chat([{"role": "user", "content": "hi"}])
+    assert len(llm.requests) == 1

@@ -5,9 +5,15 @@ loop, and fan out with a thread pool; ``httpx.Client`` is safe to share between 
 and its connection pool is sized to the endpoint's ``max_concurrency``.
 
 One retry budget (``max_retries``) covers everything that may go better the second time:
-transport errors and timeouts, 5xx, 408/409/429, and answers that do not parse or do not
+transport errors and timeouts, 5xx, 408/409/425/429, and answers that do not parse or do not
 have the expected shape. A 4xx other than those is a mistake in the request (wrong model
-name, context too long) and is not retried.
+name, context too long) and is not retried. ``_post`` tells the two apart; ``_attempts`` is
+the one loop.
+
+The loop is ours, not a library's: httpx's transport retries cover failed connects only,
+neither tenacity nor the openai SDK is a dependency, and the budget spans more than HTTP (an
+answer that fails its schema or the caller's ``validate`` is tried again the same way, and
+``Retry-After`` is honoured).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pydantic import BaseModel, ValidationError
 from workers.llm.parsing import JSONExtractionError, parse_json_object
 
 T = TypeVar("T", bound=BaseModel)
+R = TypeVar("R")
 
 _RETRY_STATUS = frozenset({408, 409, 425, 429})
 _MAX_BACKOFF_S = 30.0
@@ -177,17 +184,7 @@ class ChatClient:
     ) -> str:
         """The assistant's text, retrying transport errors, 5xx and 429."""
         body = self._body(messages, temperature, max_tokens, response_format, seed)
-        attempts = self.endpoint.max_retries + 1
-        for attempt in range(attempts):
-            try:
-                return self._post(body)
-            except _Retryable as exc:
-                if attempt + 1 >= attempts:
-                    raise LLMCallError(
-                        f"{self.endpoint.describe()}: {exc} (after {attempts} attempts)"
-                    ) from exc
-                self._backoff(attempt, exc.retry_after)
-        raise AssertionError("unreachable")
+        return self._attempts(body, str)
 
     def structured(
         self,
@@ -213,16 +210,29 @@ class ChatClient:
             "json_schema": {"name": name, "schema": schema, "strict": True},
         }
         body = self._body(messages, temperature, max_tokens, response_format, seed)
+
+        def parse(text: str) -> T:
+            value = model.model_validate(parse_json_object(text))
+            if validate is not None:
+                validate(value)
+            return value
+
+        return self._attempts(body, parse)
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _attempts(self, body: dict[str, Any], parse: Callable[[str], R]) -> R:
+        """``parse`` of the answer, within the endpoint's retry budget.
+
+        Raises LLMCallError when the last attempt failed in transport, LLMAnswerError when
+        it answered badly; the message lists every attempt's problem.
+        """
         attempts = self.endpoint.max_retries + 1
         problems: list[str] = []
         for attempt in range(attempts):
             retry_after: float | None = None
             try:
-                text = self._post(body)
-                value = model.model_validate(parse_json_object(text))
-                if validate is not None:
-                    validate(value)
-                return value
+                return parse(self._post(body))
             except _Retryable as exc:
                 problems.append(str(exc))
                 retry_after = exc.retry_after
@@ -232,13 +242,10 @@ class ChatClient:
                 kind = LLMAnswerError
             if attempt + 1 < attempts:
                 self._backoff(attempt, retry_after)
-        # The type says how the last attempt failed; the message lists every attempt's.
         raise kind(
             f"{self.endpoint.describe()}: {problems[-1]} "
             f"(after {attempts} attempts: {'; '.join(problems)})"
         )
-
-    # -- internals -----------------------------------------------------------------------
 
     def _body(
         self,
