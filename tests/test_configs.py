@@ -32,3 +32,40 @@ def test_overrides_set_nested_values_as_yaml_scalars() -> None:
 def test_bad_override_is_explained() -> None:
     with pytest.raises(ValueError, match=r"key\.path=value"):
         apply_overrides({}, ["no-equals-sign"])
+
+
+def test_the_documented_overrides_make_a_valid_run() -> None:
+    """The module's example (learning_rate is top-level; grpo.learning_rate used to be the
+    example, and is a 422), with 1e-5 a number although PyYAML reads it as a string."""
+    import doctest
+
+    import app.core.config_files as module
+
+    assert doctest.testmod(module).failed == 0
+    preset = load_preset(PRESETS[0])
+    run = RunCreate.model_validate(
+        apply_overrides(preset, ["learning_rate=1e-5", "grpo.beta=0", "grpo.temperature=0.7"])
+    )
+    assert run.learning_rate == 1e-5 and run.grpo.beta == 0 and run.grpo.temperature == 0.7
+    assert apply_overrides({}, ["a=1E+3", "b=-2.5e-3", "c=1e5x"]) == {
+        "a": 1000.0,
+        "b": -0.0025,
+        "c": "1e5x",
+    }
+    with pytest.raises(ValueError, match=r"grpo\.learning_rate"):
+        RunCreate.model_validate(apply_overrides(preset, ["grpo.learning_rate=1e-5"]))
+
+
+def test_every_setting_and_every_grpo_field_says_what_it_does() -> None:
+    """Help text on every field, as TRL's GRPOConfig has: the settings (TRAINYARD_*), the
+    run body's top level and its GRPO and LoRA settings."""
+    from app.core.settings import Settings
+    from app.runs.grpo import GrpoSettings, LoraSettings
+
+    for model in (Settings, GrpoSettings, LoraSettings, RunCreate):
+        missing = [
+            name
+            for name, field in model.model_fields.items()
+            if not (field.description or "").strip()
+        ]
+        assert not missing, f"{model.__name__}: no description for {missing}"

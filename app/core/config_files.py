@@ -1,11 +1,19 @@
-"""YAML presets merged with dotted overrides (``grpo.learning_rate=1e-5``)."""
+"""YAML presets merged with dotted overrides (``learning_rate=1e-5``, ``grpo.beta=0``).
+
+>>> apply_overrides({"grpo": {"beta": 0.04}}, ["learning_rate=1e-5", "grpo.beta=0"])
+{'grpo': {'beta': 0}, 'learning_rate': 1e-05}
+"""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+# YAML 1.1 (PyYAML) reads 1e-5 as a string: it wants a dot in the mantissa (1.0e-5).
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 def load_preset(path: Path) -> dict[str, Any]:
@@ -16,7 +24,9 @@ def load_preset(path: Path) -> dict[str, Any]:
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """Set ``a.b.c=value`` paths; values are parsed as YAML scalars (1e-5, true, [1,2])."""
+    """Set ``a.b.c=value`` paths (``grpo.temperature=0.7``); values are parsed as YAML
+    scalars (1e-5, true, [1,2]). The paths are the run body's: ``learning_rate`` is a
+    top-level field, not one of ``grpo``'s."""
     result = dict(data)
     for item in overrides:
         key, sep, raw = item.partition("=")
@@ -28,5 +38,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             child = node.get(part)
             node[part] = dict(child) if isinstance(child, dict) else {}
             node = node[part]
-        node[parts[-1]] = yaml.safe_load(raw)
+        value = yaml.safe_load(raw)
+        if isinstance(value, str) and _FLOAT.fullmatch(value):
+            value = float(value)
+        node[parts[-1]] = value
     return result

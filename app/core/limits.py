@@ -105,3 +105,21 @@ class BodySizeLimit:
             }
         )
         await send({"type": "http.response.body", "body": body})
+
+
+# --- limits on what a request may hold ----------------------------------------------------
+
+# How deep a free-form JSON field (a run's config, an input's context, a reward function's
+# args, a trajectory's metadata) may nest. pydantic's serializer gives up at 255 levels, and
+# an answer must hold the field with the page and the run around it: what is accepted must
+# be servable, so the API refuses deeper bodies with a 422 (app.core.storable).
+MAX_JSON_DEPTH = 32
+# How deep a stored value is served as it is: a free-form field at MAX_JSON_DEPTH sits a few
+# levels inside its column (reward.functions[0].args), and the column inside a page. Deeper
+# parts (rows from before the limit, or written around the API) are replaced by a marker,
+# so that no row can break an answer.
+MAX_SERVED_DEPTH = 2 * MAX_JSON_DEPTH
+# The longest training input (an inline input, a dataset row, a generated input).
+MAX_INPUT_CHARS = 32_000
+# Rows of one dataset; also the most num_examples a run may ask for.
+MAX_DATASET_ROWS = 100_000

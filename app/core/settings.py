@@ -1,6 +1,7 @@
 """Process settings, read from ``TRAINYARD_*`` environment variables.
 
-Every field carries a description, so ``trainyard --help`` and the docs can say what it does.
+Every field carries a description (tests/test_configs.py holds every field to it): this
+class is the reference, and the README's settings table says the same in short.
 """
 
 from __future__ import annotations
@@ -40,12 +41,23 @@ class Settings(BaseSettings):
         description="Where workers write checkpoints and final models (shared storage on a "
         "fleet, so any worker can resume any run). Unset: <home>/artifacts.",
     )
-    db_pool_size: int = Field(default=10, ge=1, description="Connections per API process.")
+    db_pool_size: int = Field(
+        default=10,
+        ge=1,
+        description="Size of each of an API process's two PostgreSQL pools: the SQLAlchemy "
+        "engine (the ORM queries) and the asyncpg pool (key lookups, POST /runs, GET "
+        "/runs/{id} and the lists and streams written in SQL) each hold up to this many "
+        "connections, so one API process opens up to twice it. A request that finds its pool "
+        "empty waits, then gets a 503. Workers have pools of their own (4 + 2 connections "
+        "per worker process).",
+    )
     max_body_bytes: int = Field(
         default=2 * 1024 * 1024, ge=1024, description="Largest request body accepted (413 above)."
     )
     max_page_size: int = Field(default=200, ge=1, description="Cap on ?limit= for every list.")
-    default_page_size: int = Field(default=50, ge=1)
+    default_page_size: int = Field(
+        default=50, ge=1, description="Page size of a list when ?limit= is not given."
+    )
     lease_ttl_seconds: float = Field(
         default=30.0, gt=0, description="How long a worker holds a run without heartbeating."
     )
@@ -56,7 +68,10 @@ class Settings(BaseSettings):
         default=5.0, gt=0, description="How often each worker sweeps expired leases and outbox."
     )
     max_attempts: int = Field(
-        default=3, ge=1, description="Claims of one run before it is failed as a poison run."
+        default=3,
+        ge=1,
+        description="Failures of one run (a lease that ran out, a crash) before it is failed "
+        "as a poison run; pauses, resumes and handovers do not count.",
     )
     redispatch_seconds: float = Field(
         default=30.0,
@@ -78,7 +93,11 @@ class Settings(BaseSettings):
     sse_poll_seconds: float = Field(
         default=0.5, gt=0, description="How often an SSE stream looks for new events."
     )
-    sse_keepalive_seconds: float = Field(default=15.0, gt=0)
+    sse_keepalive_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        description="An idle SSE stream sends a comment this often, so proxies keep it open.",
+    )
     judge_base_url: str | None = Field(
         default=None,
         description="The workers' default LLM judge (an OpenAI-compatible endpoint such as "

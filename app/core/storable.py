@@ -1,25 +1,44 @@
-"""What PostgreSQL can store, said in the OpenAPI document as well as checked.
+"""What PostgreSQL can store: the one place that says it, checks it and makes it so.
 
 Text and jsonb cannot hold NUL (U+0000) anywhere: not in a string, not in an object's key,
-however deep. The models check it (a 422 naming the field); these markers put the same rule
-into the JSON Schema of a field, so that a client, or a fuzzer, that follows the document
-never sends what the API has to refuse:
+however deep. jsonb holds no NaN or Infinity (JSON has none; Python's parser lets them
+through). And what the API accepts it must be able to serve back, so a free-form JSON value
+nests at most :data:`~app.core.limits.MAX_JSON_DEPTH` levels.
 
-- ``Annotated[str, NUL_FREE]``: the string matches :data:`NO_NUL`;
-- ``Annotated[dict[str, Any], STORABLE_OBJECT]``: a JSON object whose keys and strings, at
-  any depth, match it (``StorableJson`` in the document, defined recursively).
+For request models (a 422 naming the field, and the rule written into the OpenAPI document
+so that a client, or a fuzzer, that follows it never sends what the API has to refuse):
 
-They change the document only; validation stays with the models' validators.
+- :data:`NulFreeStr`: a string without NUL;
+- :data:`StorableObject`: a JSON object without NUL in its keys or strings, without
+  non-finite numbers, and nested at most ``MAX_JSON_DEPTH`` deep;
+- :data:`FiniteFloat`, or :class:`RequestModel` for every float of a model: no NaN/Infinity.
+
+For values the service produces itself (a young policy's output, a worker's metrics), which
+are stored whatever they hold: :func:`jsonable` and :func:`storable_number`. For values read
+back from the database: :func:`servable`, which makes any stored value renderable.
+
+``NUL_FREE`` and ``STORABLE_OBJECT`` are the document-only markers the types are built from.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Union
 
-from pydantic import GetJsonSchemaHandler, TypeAdapter, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    TypeAdapter,
+    WithJsonSchema,
+)
 from pydantic.json_schema import JsonSchemaValue
 from pydantic_core import CoreSchema
 from typing_extensions import TypeAliasType
+
+from app.core.limits import MAX_JSON_DEPTH, MAX_SERVED_DEPTH
 
 # A regular expression that pydantic, JSON Schema and Python read alike.
 NO_NUL = r"^[^\x00]*$"
@@ -64,9 +83,146 @@ class _StorableObject:
             else branch
             for branch in definition["anyOf"]
         ]
+        definition.setdefault(
+            "description",
+            f"Any JSON value; no NUL in keys or strings, nested at most {MAX_JSON_DEPTH} deep.",
+        )
         extra = {k: v for k, v in base.items() if k not in ("type", "additionalProperties")}
         return {**_object_of(value), **extra}
 
 
 NUL_FREE: Any = _NulFree()
 STORABLE_OBJECT: Any = _StorableObject()
+
+
+# --- checks ---------------------------------------------------------------------------------
+
+NUL_MESSAGE = "must not contain NUL (\\u0000) characters"
+NAN_MESSAGE = "must not contain NaN or Infinity"
+DEPTH_MESSAGE = f"must not nest more than {MAX_JSON_DEPTH} levels deep"
+_CONTAINERS = (dict, list, tuple)
+
+
+def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
+    """Why ``value`` cannot be stored and served back, or None. Iterative (a deep value
+    cannot exhaust the stack) and lean: it runs for every line of a 100,000-line dataset."""
+    kind = type(value)
+    if kind is str:
+        return NUL_MESSAGE if "\x00" in value else None
+    if kind is float:
+        return None if math.isfinite(value) else NAN_MESSAGE
+    if kind not in _CONTAINERS:
+        return None
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > max_depth:
+            return DEPTH_MESSAGE
+        if type(item) is dict:
+            for key in item:
+                if type(key) is str and "\x00" in key:
+                    return NUL_MESSAGE
+            children = item.values()
+        else:
+            children = item
+        for child in children:
+            t = type(child)
+            if t is str:
+                if "\x00" in child:
+                    return NUL_MESSAGE
+            elif t is float:
+                if not math.isfinite(child):
+                    return NAN_MESSAGE
+            elif t in _CONTAINERS:
+                stack.append((child, depth + 1))
+    return None
+
+
+def _nul_free(value: str) -> str:
+    if "\x00" in value:
+        raise ValueError(NUL_MESSAGE)
+    return value
+
+
+def _storable(value: Any) -> Any:
+    reason = unstorable(value)
+    if reason:
+        raise ValueError(reason)
+    return value
+
+
+NulFreeStr = Annotated[str, NUL_FREE, AfterValidator(_nul_free)]
+StorableObject = Annotated[dict[str, Any], STORABLE_OBJECT, AfterValidator(_storable)]
+FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+
+
+class RequestModel(BaseModel):
+    """A request body (or part of one): unknown fields are a 422, so a request cannot set
+    what exists only on the table, and so are NaN and Infinity in any float field."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# --- making values storable -----------------------------------------------------------------
+
+# What stands in for the parts of a value nested deeper than an answer can hold.
+TOO_DEEP = f"(nested deeper than {MAX_SERVED_DEPTH} levels: not shown)"
+
+
+def jsonable(value: Any, *, max_depth: int = MAX_SERVED_DEPTH) -> Any:
+    """``value`` as jsonb takes it and an answer can serve it, for what the service produces
+    and must store whatever it holds: NUL characters (a young policy emits them happily)
+    become U+FFFD, NaN and infinities null, and containers deeper than ``max_depth`` (a
+    model's tool-call arguments can nest anyhow) :data:`TOO_DEEP`."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, list | tuple | dict):
+        if max_depth <= 0:
+            return TOO_DEEP
+        if isinstance(value, dict):
+            return {jsonable(k): jsonable(v, max_depth=max_depth - 1) for k, v in value.items()}
+        return [jsonable(v, max_depth=max_depth - 1) for v in value]
+    return value
+
+
+def storable_number(value: object) -> float | None:
+    """``value`` as a float8 column takes it: a finite number, else None (NaN, infinities,
+    booleans and anything that is not a number)."""
+    if type(value) is bool or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+# --- serving stored values ------------------------------------------------------------------
+
+
+def servable(value: Any, *, max_depth: int = MAX_SERVED_DEPTH) -> Any:
+    """A stored JSON value as an answer can render it: ``value`` itself (the same object)
+    when it nests at most ``max_depth`` deep, else a copy whose deeper containers are
+    replaced by :data:`TOO_DEEP`. Rows stored before the depth limit existed, or written
+    around the API, then still answer instead of failing every page they are on."""
+    if type(value) not in _CONTAINERS:
+        return value
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        for child in item.values() if type(item) is dict else item:
+            if type(child) in _CONTAINERS:
+                if depth >= max_depth:
+                    return _clip(value, max_depth)
+                stack.append((child, depth + 1))
+    return value
+
+
+def _clip(value: Any, levels: int) -> Any:
+    # Recursion is bounded by max_depth here: the walk stops where the clipping starts.
+    if type(value) not in _CONTAINERS:
+        return value
+    if levels == 0:
+        return TOO_DEEP
+    if type(value) is dict:
+        return {k: _clip(v, levels - 1) for k, v in value.items()}
+    return [_clip(v, levels - 1) for v in value]

@@ -26,12 +26,13 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 
 from app.core.copy_format import copy_field
 from app.core.errors import FieldError, Problem
+from app.core.limits import MAX_DATASET_ROWS
 from app.runs.schemas import InputItem
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks
 
-MAX_LINES = 100_000  # rows of one dataset; also the most num_examples a run may ask for
+MAX_LINES = MAX_DATASET_ROWS
 MAX_NAME_CHARS = 200
 MAX_REPORTED_LINES = 10  # bad lines named in one 422 before reading stops
 MULTIPART_ENVELOPE_BYTES = 64 * 1024  # what a multipart body may carry beyond its file

@@ -9,21 +9,24 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from app.core.errors import inconsistent
-from app.core.storable import NUL_FREE
+from app.core.storable import NulFreeStr, RequestModel
 
 
-class LoraSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class LoraSettings(RequestModel):
     r: int = Field(default=16, ge=1, le=1024, description="LoRA rank.")
-    alpha: int = Field(default=32, ge=1, le=4096)
-    dropout: float = Field(default=0.0, ge=0, lt=1)
+    alpha: int = Field(
+        default=32,
+        ge=1,
+        le=4096,
+        description="LoRA scaling (lora_alpha); the update is scaled by alpha / r.",
+    )
+    dropout: float = Field(default=0.0, ge=0, lt=1, description="Dropout on the LoRA layers.")
     target_modules: (
         Annotated[
-            list[Annotated[str, NUL_FREE, Field(json_schema_extra={"not": {"const": "lm_head"}})]],
+            list[Annotated[NulFreeStr, Field(json_schema_extra={"not": {"const": "lm_head"}})]],
             Field(min_length=1),
         ]
         | Literal["all-linear"]
@@ -36,36 +39,86 @@ class LoraSettings(BaseModel):
         return self
 
 
-class GrpoSettings(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
+class GrpoSettings(RequestModel):
     # Algorithm
-    beta: float = Field(default=0.04, ge=0, le=10, description="KL coefficient.")
-    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = "dapo"
-    scale_rewards: Literal["group", "batch", "none"] = "group"
+    beta: float = Field(
+        default=0.04,
+        ge=0,
+        le=10,
+        description="KL coefficient against the reference model; 0 loads no reference model.",
+    )
+    loss_type: Literal["grpo", "dapo", "dr_grpo", "bnpo"] = Field(
+        default="dapo",
+        description="How the per-token loss is normalised (TRL's loss_type): grpo per "
+        "sequence, dapo over the batch's tokens, dr_grpo by a constant, bnpo over the "
+        "local batch's tokens.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        default="group",
+        description="Divide advantages by the reward std of the group, of the batch, or not.",
+    )
     groups_per_step: int = Field(
         default=2, ge=1, le=1024, description="Inputs (groups) per GRPO step."
     )
     # Sampling
-    temperature: float = Field(default=0.9, gt=0, le=2)
-    top_p: float = Field(default=1.0, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=1)
-    min_p: float | None = Field(default=None, ge=0, le=1)
-    repetition_penalty: float = Field(default=1.0, gt=0, le=10)
-    max_completion_length: int = Field(default=256, ge=1, le=131072)
+    temperature: float = Field(
+        default=0.9, gt=0, le=2, description="Sampling temperature of the rollouts."
+    )
+    top_p: float = Field(
+        default=1.0, gt=0, le=1, description="Nucleus sampling: keep the tokens of this mass."
+    )
+    top_k: int | None = Field(
+        default=None, ge=1, description="Sample among the k likeliest tokens; unset: all."
+    )
+    min_p: float | None = Field(
+        default=None,
+        ge=0,
+        le=1,
+        description="Drop tokens less likely than min_p times the likeliest; unset: off.",
+    )
+    repetition_penalty: float = Field(
+        default=1.0, gt=0, le=10, description="Above 1 discourages repeated tokens; 1: off."
+    )
+    max_completion_length: int = Field(
+        default=256, ge=1, le=131072, description="Most tokens a rollout may generate."
+    )
     # Optimisation
-    warmup_ratio: float = Field(default=0.1, ge=0, le=1)
-    weight_decay: float = Field(default=0.01, ge=0, le=1)
-    max_grad_norm: float = Field(default=1.0, gt=0)
-    gradient_accumulation_steps: int = Field(default=1, ge=1, le=1024)
-    gradient_checkpointing: bool = False
-    bf16: bool = False
-    fp16: bool = False
-    seed: int = Field(default=42, ge=0)
-    lora: LoraSettings | None = Field(default=None, description="Set to train a LoRA adapter.")
+    warmup_ratio: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Share of the steps over which the learning rate warms up from 0.",
+    )
+    weight_decay: float = Field(default=0.01, ge=0, le=1, description="AdamW weight decay.")
+    max_grad_norm: float = Field(
+        default=1.0, gt=0, description="Gradients are clipped to this norm."
+    )
+    gradient_accumulation_steps: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description="Micro-batches per optimizer step; groups_per_step must be a multiple.",
+    )
+    gradient_checkpointing: bool = Field(
+        default=False, description="Recompute activations in the backward pass to save memory."
+    )
+    bf16: bool = Field(default=False, description="Train in bfloat16 (on a GPU; ignored on CPU).")
+    fp16: bool = Field(default=False, description="Train in float16 (on a GPU; ignored on CPU).")
+    seed: int = Field(
+        default=42,
+        ge=0,
+        description="Seeds training, sampling, the input order and the validation hold-out.",
+    )
+    lora: LoraSettings | None = Field(
+        default=None, description="Set to train a LoRA adapter; unset: full fine-tuning."
+    )
     # Checkpoints and evaluation (metrics are stored for every step)
-    save_steps: int = Field(default=500, ge=1)
-    save_total_limit: int | None = Field(default=3, ge=1)
+    save_steps: int = Field(default=500, ge=1, description="Write a checkpoint every N steps.")
+    save_total_limit: int | None = Field(
+        default=3,
+        ge=1,
+        description="Checkpoints kept (the best one too, with load_best_model_at_end); unset: all.",
+    )
     eval_steps: int | None = Field(
         default=None,
         ge=1,
@@ -76,24 +129,48 @@ class GrpoSettings(BaseModel):
         default=0.1,
         ge=0,
         lt=1,
-        description="Share of the inputs held out for evaluation (seeded) when none are "
-        "marked split='validation'.",
+        description="Share of the train inputs held out for evaluation (seeded, rounded down) "
+        "when none are marked split='validation'.",
     )
     load_best_model_at_end: bool = Field(
         default=True,
-        description="The final model is the best evaluated checkpoint, not the last step.",
+        description="The final model is the best evaluated checkpoint, not the last step "
+        "(needs validation inputs; without any, the last step).",
     )
     metric_for_best_model: str = Field(
-        default="eval_reward", pattern=r"^[A-Za-z0-9_/.-]+$", max_length=100
+        default="eval_reward",
+        pattern=r"^[A-Za-z0-9_/.-]+$",
+        max_length=100,
+        description="The evaluation metric that picks the best checkpoint.",
     )
-    greater_is_better: bool = True
+    greater_is_better: bool = Field(
+        default=True, description="Whether a higher metric_for_best_model is better."
+    )
     # Inference engine for rollouts
-    engine: Literal["transformers", "vllm-colocate", "vllm-server"] = "transformers"
-    vllm_gpu_memory_utilization: float = Field(default=0.9, gt=0, le=1)
-    vllm_dtype: Annotated[str, NUL_FREE] = Field(default="auto", max_length=20)
-    vllm_max_model_len: int | None = Field(default=None, ge=1)
-    vllm_server_url: Annotated[str, NUL_FREE] | None = Field(
-        default=None, max_length=500, pattern=r"^https?://"
+    engine: Literal["transformers", "vllm-colocate", "vllm-server"] = Field(
+        default="transformers",
+        description="What generates rollouts: transformers' generate, vLLM in the training "
+        "process, or a vLLM server (vllm_server_url).",
+    )
+    vllm_gpu_memory_utilization: float = Field(
+        default=0.9, gt=0, le=1, description="Share of GPU memory vLLM may take (colocate)."
+    )
+    vllm_dtype: NulFreeStr = Field(
+        default="auto",
+        max_length=20,
+        description="Not passed on yet: TRL 1.16 has no vLLM dtype option, so "
+        "vLLM runs at the dtype TRL gives it. Accepted so that bodies setting it stay valid.",
+    )
+    vllm_max_model_len: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM's context length (colocate); unset: the model's own.",
+    )
+    vllm_server_url: NulFreeStr | None = Field(
+        default=None,
+        max_length=500,
+        pattern=r"^https?://",
+        description="The vLLM server's base URL, for engine 'vllm-server'.",
     )
 
     @model_validator(mode="after")

@@ -18,33 +18,96 @@ from typing import Any
 
 import asyncpg
 
-from app.core.errors import TYPE_BASE, UNKNOWN_REFERENCE, Problem
+from app.core.domain import InvalidInput, LimitReached
+from app.core.errors import UNKNOWN_REFERENCE
 from app.runs.dispatch import DUE_CHANNEL
 from app.runs.schemas import RunCreate, RunPublic
 from app.runs.status import TERMINAL, RunStatus
 
 PUBLIC_COLUMNS = ", ".join(RunPublic.model_fields)
 
+# Every column a new run is given, with what it holds unless the statement says otherwise
+# (None: the statement must say). The one column list of the API's two creates and of the
+# training-data import.
+_NEW_RUN: dict[str, str | None] = {
+    "id": None,
+    "project_id": None,
+    "status": "'pending'",
+    "model_name": None,
+    "trained_model_name": "NULL",
+    "task_description": None,
+    "num_examples": None,
+    "rollouts_per_group": None,
+    "learning_rate": None,
+    "num_epochs": None,
+    "max_steps": "NULL",
+    "system_prompt": "NULL",
+    "learning_key": "NULL",
+    "reward": None,
+    "grpo": None,
+    "config": None,
+    "generator": "NULL",
+    "dataset_id": "NULL",
+    "step": "0",
+    "epoch": "0",
+    "version": "1",
+    "attempt": "0",
+    "cancel_requested": "false",
+    "pause_requested": "false",
+    "dispatched_at": "NULL",
+    "completed_at": "NULL",
+}
+
+
+def insert_run_sql(values: dict[str, str], *, select_from: str | None = None) -> str:
+    """``INSERT INTO runs`` of one new run. ``values`` maps columns to their SQL (``"$3"``,
+    ``"now()"``); the rest take :data:`_NEW_RUN`'s. With ``select_from`` the row is
+    ``SELECT``-ed from that source (a CTE) instead of given as ``VALUES``."""
+    unknown = values.keys() - _NEW_RUN.keys()
+    exprs = {**_NEW_RUN, **values}
+    missing = [column for column, sql in exprs.items() if sql is None]
+    if unknown or missing:
+        raise ValueError(f"run insert: unknown columns {unknown}, missing {missing}")
+    columns = ", ".join(exprs)
+    row = ", ".join(str(sql) for sql in exprs.values())
+    if select_from is not None:
+        return f"INSERT INTO runs ({columns}) SELECT {row} FROM {select_from}"
+    return f"INSERT INTO runs ({columns}) VALUES ({row})"
+
+
+_CREATE_VALUES = {
+    "id": "$1",
+    "project_id": "$2",
+    "model_name": "$3",
+    "trained_model_name": "$4",
+    "task_description": "$5",
+    "rollouts_per_group": "$6",
+    "learning_rate": "$7",
+    "num_epochs": "$8",
+    "max_steps": "$9",
+    "system_prompt": "$10",
+    "learning_key": "$11",
+    "reward": "$12",
+    "grpo": "$13",
+    "config": "$14",
+}
+_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$15", "generator": "$16"})
+_INSERT_FROM_DATASET = insert_run_sql(
+    {**_CREATE_VALUES, "num_examples": "ds.num_train_rows", "dataset_id": "ds.id"},
+    select_from="ds",
+)
+
 _CREATE = f"""
 WITH run AS (
-    INSERT INTO runs (
-        id, project_id, status, model_name, trained_model_name, task_description,
-        num_examples, rollouts_per_group, learning_rate, num_epochs, max_steps,
-        system_prompt, learning_key, reward, grpo, config, generator,
-        step, epoch, version, attempt, cancel_requested, pause_requested
-    )
-    VALUES (
-        $1, $2, 'pending', $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $18,
-        0, 0, 1, 0, false, false
-    )
+    {_INSERT_INLINE}
     RETURNING {PUBLIC_COLUMNS}
 ), inputs AS (
     INSERT INTO task_inputs (id, run_id, index, input_text, context, split)
     SELECT gen_random_uuid(), $1, i.index, i.input_text, i.context, i.split
-    FROM jsonb_to_recordset($16::jsonb) AS i(index int, input_text text, context jsonb, split text)
+    FROM jsonb_to_recordset($17::jsonb) AS i(index int, input_text text, context jsonb, split text)
 ), event AS (
     INSERT INTO run_events (run_id, type, level, message, data)
-    VALUES ($1, 'created', 'info', 'run created', $17::jsonb)
+    VALUES ($1, 'created', 'info', 'run created', $18::jsonb)
 )
 SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 """
@@ -56,16 +119,7 @@ WITH ds AS (
     SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $15 AND project_id = $2
         AND num_train_rows > 0
 ), run AS (
-    INSERT INTO runs (
-        id, project_id, status, model_name, trained_model_name, task_description,
-        num_examples, rollouts_per_group, learning_rate, num_epochs, max_steps,
-        system_prompt, learning_key, reward, grpo, config, dataset_id,
-        step, epoch, version, attempt, cancel_requested, pause_requested
-    )
-    SELECT
-        $1, $2, 'pending', $3, $4, $5, ds.num_train_rows, $6, $7, $8, $9, $10, $11, $12, $13,
-        $14, ds.id, 0, 0, 1, 0, false, false
-    FROM ds
+    {_INSERT_FROM_DATASET}
     RETURNING {PUBLIC_COLUMNS}
 ), inputs AS (
     INSERT INTO task_inputs (id, run_id, index, input_text, context, split)
@@ -102,16 +156,25 @@ SELECT count(*) FROM (
 """
 
 
-class ActiveRunLimit(Problem):
+class ActiveRunLimit(LimitReached):
+    code = "active-run-limit"
+    title = "Too many active runs"
+
     def __init__(self, active: int, limit: int) -> None:
         super().__init__(
-            429,
-            "Too many active runs",
             f"This project has {active} active runs and the limit is {limit}; cancel one "
             "or wait for one to finish.",
-            type_=TYPE_BASE + "active-run-limit",
             active_runs=active,
             limit=limit,
+        )
+
+
+class UnusableDataset(InvalidInput):
+    title = "Unusable dataset"
+
+    def __init__(self, detail: str, *, unknown: bool = False) -> None:
+        super().__init__(
+            detail, field="body.dataset_id", error_type=UNKNOWN_REFERENCE if unknown else None
         )
 
 
@@ -150,6 +213,26 @@ async def insert_run(
     return await _insert_run(conn, project_id, body)
 
 
+def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tuple[Any, ...]:
+    """Parameters $1..$14 of both creates (:data:`_CREATE_VALUES`)."""
+    return (
+        run_id,
+        project_id,
+        body.model_name,
+        body.trained_model_name,
+        body.task_description,
+        body.rollouts_per_group,
+        body.learning_rate,
+        body.num_epochs,
+        body.max_steps,
+        body.system_prompt,
+        body.learning_key,
+        body.reward.model_dump(mode="json"),
+        body.grpo.model_dump(mode="json"),
+        body.config,
+    )
+
+
 async def _insert_run(
     conn: asyncpg.Connection, project_id: uuid.UUID, body: RunCreate
 ) -> dict[str, Any]:
@@ -161,24 +244,11 @@ async def _insert_run(
     ]
     row = await conn.fetchrow(
         _CREATE,
-        run_id,
-        project_id,
-        body.model_name,
-        body.trained_model_name,
-        body.task_description,
+        *_run_values(run_id, project_id, body),
         sum(1 for i in inputs if i["split"] == "train") if inputs else body.num_examples,
-        body.rollouts_per_group,
-        body.learning_rate,
-        body.num_epochs,
-        body.max_steps,
-        body.system_prompt,
-        body.learning_key,
-        body.reward.model_dump(mode="json"),
-        body.grpo.model_dump(mode="json"),
-        body.config,
+        body.generator.model_dump(mode="json") if body.generator else None,
         inputs,
         {"inline_inputs": len(inputs)},
-        body.generator.model_dump(mode="json") if body.generator else None,
     )
     assert row is not None
     run = dict(row)
@@ -194,39 +264,13 @@ async def _insert_run_from_dataset(
     dataset_id: uuid.UUID,
 ) -> dict[str, Any]:
     row = await conn.fetchrow(
-        _CREATE_FROM_DATASET,
-        run_id,
-        project_id,
-        body.model_name,
-        body.trained_model_name,
-        body.task_description,
-        body.rollouts_per_group,
-        body.learning_rate,
-        body.num_epochs,
-        body.max_steps,
-        body.system_prompt,
-        body.learning_key,
-        body.reward.model_dump(mode="json"),
-        body.grpo.model_dump(mode="json"),
-        body.config,
-        dataset_id,
+        _CREATE_FROM_DATASET, *_run_values(run_id, project_id, body), dataset_id
     )
     if row is None:
         train_rows = await conn.fetchval(_DATASET_TRAIN_ROWS, dataset_id, project_id)
         if train_rows is None:
-            raise Problem(
-                422,
-                "Unusable dataset",
-                f"Dataset {dataset_id} not found.",
-                field="body.dataset_id",
-                error_type=UNKNOWN_REFERENCE,
-            )
-        raise Problem(
-            422,
-            "Unusable dataset",
-            f"Dataset {dataset_id} has no train rows to train on.",
-            field="body.dataset_id",
-        )
+            raise UnusableDataset(f"Dataset {dataset_id} not found.", unknown=True)
+        raise UnusableDataset(f"Dataset {dataset_id} has no train rows to train on.")
     run = dict(row)
     del run["notified"]
     return run

@@ -7,37 +7,150 @@ hour later on a GPU.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from app.core.errors import inconsistent
-from app.core.storable import NUL_FREE, STORABLE_OBJECT
+from app.core.storable import NulFreeStr, RequestModel, StorableObject
 
 _ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
-BUILTIN_REWARDS = frozenset(
-    {"exact_match", "regex", "json_valid", "length_target", "char_fraction"}
-)
+
+
+class Strict(RequestModel):
+    """A part of the reward spec: unknown fields and non-finite numbers are a 422."""
+
+
+# --- built-in reward functions ------------------------------------------------------------
+# The one list of them: their names, what each does, and its arguments with their defaults
+# and rules. The API validates a run's args against it (422 naming the field); the workers'
+# implementations (workers.rewards.functions) attach to it by name and are called with the
+# args it validated, defaults filled in.
+
+
+class ExactMatchArgs(Strict):
+    key: NulFreeStr = Field(default="answer", min_length=1, max_length=200)
+    case_sensitive: bool = False
+
+
+class RegexArgs(Strict):
+    pattern: NulFreeStr = Field(
+        min_length=1, max_length=2000, json_schema_extra={"format": "regex"}
+    )
+    full_match: bool = False
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"not a regular expression Python can compile: {exc}") from exc
+        return value
+
+
+class JsonValidArgs(Strict):
+    required_keys: list[NulFreeStr] | None = Field(default=None, max_length=100)
+
+
+class LengthTargetArgs(Strict):
+    target: int = Field(default=100, ge=1, le=1_000_000)
+
+
+class CharFractionArgs(Strict):
+    char: NulFreeStr = Field(default="a", min_length=1, max_length=1)
+
+
+@dataclass(frozen=True)
+class BuiltinReward:
+    name: str
+    summary: str
+    args: type[Strict]
+
+
+BUILTIN_REWARDS: dict[str, BuiltinReward] = {
+    b.name: b
+    for b in (
+        BuiltinReward(
+            "exact_match",
+            "1 when the completion equals context[key] (whitespace-trimmed)",
+            ExactMatchArgs,
+        ),
+        BuiltinReward(
+            "regex",
+            "1 when pattern matches the completion (anywhere, or whole with full_match)",
+            RegexArgs,
+        ),
+        BuiltinReward(
+            "json_valid",
+            "1 when the completion is JSON (an object holding required_keys, if given)",
+            JsonValidArgs,
+        ),
+        BuiltinReward(
+            "length_target",
+            "1 at exactly target characters, falling linearly to 0 at 0 or 2x target",
+            LengthTargetArgs,
+        ),
+        BuiltinReward(
+            "char_fraction",
+            "The fraction of the completion's characters that are char",
+            CharFractionArgs,
+        ),
+    )
+}
+
+
+def _arg_doc(model: type[Strict]) -> list[str]:
+    return [
+        name if field.is_required() else f"{name}={field.default!r}"
+        for name, field in model.model_fields.items()
+    ]
+
+
+def builtin_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """A built-in's ``args`` validated, with its defaults filled in (ValidationError if they
+    do not fit)."""
+    return BUILTIN_REWARDS[name].args.model_validate(args).model_dump()
+
+
 # A built-in, or 'package.module:function' (ASCII, so that every reader of the document's
 # regular expression, JSON Schema's included, means the same names).
-_FUNCTION_NAME = (
-    f"^({'|'.join(sorted(BUILTIN_REWARDS))}"
-    r"|[A-Za-z_][A-Za-z0-9_.]*[:.][A-Za-z_][A-Za-z0-9_]*)$"
-)
+_IMPORT_PATH = r"[A-Za-z_][A-Za-z0-9_.]*[:.][A-Za-z_][A-Za-z0-9_]*"
+_FUNCTION_NAME = f"^({'|'.join(sorted(BUILTIN_REWARDS))}|{_IMPORT_PATH})$"
 _FUNCTION_NAME_RE = re.compile(_FUNCTION_NAME.removesuffix("$") + r"\Z")
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+def _describe_builtin_args(schema: dict[str, Any]) -> None:
+    """Say in the document which args each built-in takes (one branch per built-in, and one
+    for user functions, whose args are free-form), so that a client, or a fuzzer, that
+    follows it sends args the validator below accepts."""
+    branches: list[dict[str, Any]] = []
+    for builtin in BUILTIN_REWARDS.values():
+        args = builtin.args.model_json_schema()
+        args.pop("title", None)
+        branch: dict[str, Any] = {"properties": {"name": {"const": builtin.name}, "args": args}}
+        if args.get("required"):
+            branch["required"] = ["args"]
+        branches.append(branch)
+    branches.append({"properties": {"name": {"pattern": f"^{_IMPORT_PATH}$"}}})
+    schema["anyOf"] = branches
 
 
 class JudgeEndpoint(Strict):
     """Any OpenAI-compatible chat endpoint (vLLM, Ollama, OpenAI …)."""
 
-    base_url: Annotated[str, NUL_FREE] = Field(
+    base_url: NulFreeStr = Field(
         max_length=500, pattern=r"^https?://", description="e.g. http://host:8000/v1"
     )
-    model: Annotated[str, NUL_FREE] = Field(min_length=1, max_length=300)
+    model: NulFreeStr = Field(min_length=1, max_length=300)
     api_key_env: str | None = Field(
         default=None,
         max_length=100,
@@ -57,7 +170,7 @@ class RulerReward(Strict):
     judge: JudgeEndpoint | None = Field(
         default=None, description="Judge endpoint; unset: the workers' default judge."
     )
-    rubric: Annotated[str, NUL_FREE] | None = Field(default=None, max_length=20_000)
+    rubric: NulFreeStr | None = Field(default=None, max_length=20_000)
     temperature: float = Field(default=0.0, ge=0, le=2)
 
 
@@ -104,23 +217,48 @@ class RimReward(Strict):
 
 
 class RewardFunction(Strict):
+    model_config = ConfigDict(json_schema_extra=_describe_builtin_args)
+
     name: str = Field(
         max_length=300,
         json_schema_extra={"pattern": _FUNCTION_NAME},
-        description=f"A built-in ({', '.join(sorted(BUILTIN_REWARDS))}) or a dotted import "
-        "path 'package.module:function' importable on the workers.",
+        description="A built-in ("
+        + "; ".join(f"{b.name}: {b.summary}" for b in BUILTIN_REWARDS.values())
+        + ") or a dotted import path 'package.module:function' importable on the workers.",
     )
     weight: float = Field(default=1.0, ge=0, le=1000)
-    args: Annotated[dict[str, Any], STORABLE_OBJECT] = Field(default_factory=dict)
+    args: StorableObject = Field(
+        default_factory=dict,
+        validate_default=True,  # a built-in's required args are required when args is omitted
+        description="Keyword arguments of the function. A built-in's are checked here: "
+        + "; ".join(f"{b.name}({', '.join(_arg_doc(b.args))})" for b in BUILTIN_REWARDS.values())
+        + ".",
+    )
 
-    @model_validator(mode="after")
-    def _known(self) -> RewardFunction:
-        if not _FUNCTION_NAME_RE.match(self.name):
+    @field_validator("name")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if not _FUNCTION_NAME_RE.match(value):
             raise ValueError(
-                f"unknown reward function {self.name!r}: use a built-in "
+                f"unknown reward function {value!r}: use a built-in "
                 f"({', '.join(sorted(BUILTIN_REWARDS))}) or 'package.module:function'"
             )
-        return self
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _builtin_args(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        name = info.data.get("name")
+        if name not in BUILTIN_REWARDS:
+            return value  # a user function's args are the user's to check
+        try:
+            builtin_args(name, value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            message = first["msg"].removeprefix("Value error, ")
+            raise ValueError(f"{name} {where or 'args'}: {message}") from None
+        return value
 
 
 class FunctionReward(Strict):

@@ -6,16 +6,16 @@ like are a 422 when a request tries to set them; they exist only on the table.
 
 from __future__ import annotations
 
-import math
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.core.errors import inconsistent
+from app.core.limits import MAX_DATASET_ROWS, MAX_INPUT_CHARS, MAX_JSON_DEPTH
 from app.core.pagination import Page
-from app.core.storable import NUL_FREE, STORABLE_OBJECT
+from app.core.storable import NulFreeStr, RequestModel, StorableObject, servable
 from app.runs.grpo import GrpoSettings
 from app.runs.rewards import JudgeEndpoint, RewardSpec, RulerReward
 from app.runs.status import RunStatus
@@ -23,92 +23,62 @@ from app.runs.status import RunStatus
 MAX_INLINE_INPUTS = 10_000
 
 
-class InputItem(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    input_text: Annotated[str, NUL_FREE] = Field(min_length=1, max_length=32_000)
-    context: Annotated[dict[str, Any], STORABLE_OBJECT] | None = Field(
-        default=None, description="Task context, e.g. {'answer': '42'} for exact-match rewards."
+class InputItem(RequestModel):
+    input_text: NulFreeStr = Field(min_length=1, max_length=MAX_INPUT_CHARS)
+    context: StorableObject | None = Field(
+        default=None,
+        description="Task context, e.g. {'answer': '42'} for exact-match rewards (nested at "
+        f"most {MAX_JSON_DEPTH} levels).",
     )
     split: str = Field(default="train", pattern=r"^(train|validation)$")
 
-    @field_validator("input_text")
-    @classmethod
-    def _text_is_storable(cls, value: str) -> str:
-        if "\x00" in value:
-            raise ValueError(_NUL)
-        return value
 
-    @field_validator("context")
-    @classmethod
-    def _context_is_storable(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        # PostgreSQL's jsonb stores neither \u0000 (in keys or strings) nor NaN/Infinity,
-        # which the JSON parser lets through; refuse them here rather than fail the insert.
-        reason = _unstorable_json(value)
-        if reason:
-            raise ValueError(reason)
-        return value
-
-
-_NUL = "must not contain NUL (\\u0000) characters"
-_NAN = "must not contain NaN or Infinity"
-
-
-def _unstorable_json(value: Any) -> str | None:
-    """Why PostgreSQL's jsonb would refuse ``value``, or None. Iterative: it runs for every
-    line of a 100,000-line dataset."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        kind = type(item)
-        if kind is str:
-            if "\x00" in item:
-                return _NUL
-        elif kind is float:
-            if not math.isfinite(item):
-                return _NAN
-        elif kind is dict:
-            for key, v in item.items():
-                if "\x00" in key:
-                    return _NUL
-                t = type(v)
-                if t is str:
-                    if "\x00" in v:
-                        return _NUL
-                elif t is dict or t is list or t is float:
-                    stack.append(v)
-        elif kind is list:
-            stack.extend(item)
-    return None
-
-
-class RunCreate(BaseModel):
+class RunCreate(RequestModel):
     """A training run to start. The reference's TrainingRun fields plus inputs and settings."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    model_name: Annotated[str, NUL_FREE] = Field(
+    model_name: NulFreeStr = Field(
         min_length=1, max_length=500, description="Base model: a folder on the workers or hub id."
     )
-    task_description: Annotated[str, NUL_FREE] = Field(min_length=1, max_length=20_000)
-    trained_model_name: Annotated[str, NUL_FREE] | None = Field(
-        default=None, min_length=1, max_length=500
+    task_description: NulFreeStr = Field(
+        min_length=1,
+        max_length=20_000,
+        description="What the model is trained to do; the generator writes inputs from it "
+        "and the judges read it.",
     )
-    system_prompt: Annotated[str, NUL_FREE] | None = Field(default=None, max_length=20_000)
+    trained_model_name: NulFreeStr | None = Field(
+        default=None, min_length=1, max_length=500, description="A name for the trained model."
+    )
+    system_prompt: NulFreeStr | None = Field(
+        default=None,
+        max_length=20_000,
+        description="The system message of every rollout; unset with generated inputs: the "
+        "generator writes one.",
+    )
     num_examples: int = Field(
         default=100,
         ge=1,
-        le=100_000,
+        le=MAX_DATASET_ROWS,
         description="How many inputs to generate from task_description when the run has "
         "neither inputs nor dataset_id; otherwise the number of train inputs given.",
     )
     rollouts_per_group: int = Field(
         default=4, ge=2, le=256, description="Completions per input (GRPO num_generations)."
     )
-    learning_rate: float = Field(default=1e-5, gt=0, lt=1)
-    num_epochs: int = Field(default=1, ge=1, le=10_000)
-    max_steps: int | None = Field(default=None, ge=1, le=10_000_000)
-    learning_key: Annotated[str, NUL_FREE] | None = Field(
+    learning_rate: float = Field(default=1e-5, gt=0, lt=1, description="AdamW learning rate.")
+    num_epochs: int = Field(
+        default=1,
+        ge=1,
+        le=10_000,
+        description="Passes over the train inputs; max_steps, when given, overrides it.",
+    )
+    max_steps: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="The number of GRPO steps. As in TRL it overrides num_epochs when given: "
+        "the inputs are gone through again as often as needed.",
+    )
+    learning_key: NulFreeStr | None = Field(
         default=None,
         max_length=200,
         description="Groups runs of one task so their trajectories can be pulled together.",
@@ -130,29 +100,17 @@ class RunCreate(BaseModel):
         "given) from task_description when the run has neither inputs nor dataset_id. "
         "Unset: the workers' default judge endpoint.",
     )
-    reward: RewardSpec = Field(default_factory=lambda: RulerReward(type="ruler"))
-    grpo: GrpoSettings = Field(default_factory=GrpoSettings)
-    config: Annotated[dict[str, Any], STORABLE_OBJECT] = Field(
-        default_factory=dict, description="Free-form extra settings."
+    reward: RewardSpec = Field(
+        default_factory=lambda: RulerReward(type="ruler"),
+        description="How rollouts are scored: RULER (default), RIM or reward functions.",
     )
-
-    @field_validator(
-        "model_name",
-        "task_description",
-        "trained_model_name",
-        "system_prompt",
-        "learning_key",
-        "config",
-        "reward",
-        "grpo",
-        "generator",
+    grpo: GrpoSettings = Field(
+        default_factory=GrpoSettings, description="GRPO settings (the reference recipe's)."
     )
-    @classmethod
-    def _storable(cls, value: Any) -> Any:
-        reason = _unstorable_json(value.model_dump() if isinstance(value, BaseModel) else value)
-        if reason:
-            raise ValueError(reason)
-        return value
+    config: StorableObject = Field(
+        default_factory=dict,
+        description=f"Free-form extra settings (nested at most {MAX_JSON_DEPTH} levels).",
+    )
 
     @field_validator("dataset_id")
     @classmethod
@@ -216,6 +174,31 @@ class RunPublic(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _servable(cls, data: Any) -> Any:
+        # Any row must render, whatever it holds: one stored before the depth limit (or
+        # written around the API) would otherwise fail every page it is on. One validator
+        # for the three columns, not three: GET /runs/{id} is the hottest route.
+        get = data.get if isinstance(data, dict) else lambda name: getattr(data, name, None)
+        clipped = {}
+        for name in _FREE_FORM:
+            value = get(name)
+            shown = servable(value)
+            if shown is not value:
+                clipped[name] = shown
+        if not clipped:
+            return data
+        if isinstance(data, dict):
+            return {**data, **clipped}
+        return {name: getattr(data, name) for name in cls.model_fields} | clipped
+
+
+# The jsonb columns of a run that can nest without bound: config and a reward function's
+# args are the user's, metrics the workers'. grpo and generator are only ever written from
+# GrpoSettings and JudgeEndpoint, whose depth is fixed, so they are not walked.
+_FREE_FORM = ("reward", "config", "metrics")
 
 
 class RunsPage(Page[RunPublic]):

@@ -13,17 +13,18 @@ from __future__ import annotations
 import asyncio
 import io
 import json
-import math
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal, TextIO, Unpack
+from typing import Literal, TextIO, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app.core.copy_format import NULL, copy_field
+from app.core.storable import NulFreeStr, StorableObject, unstorable
+from app.runs.repository import insert_run_sql
 from app.training_data import queries
 from app.training_data.filters import Filters, TrainingDataError, check_limit, check_order
 from app.training_data.library import Database, TrajectoryFilters, connect, run_sync, sync_database
@@ -109,10 +110,18 @@ def export_jsonl(
 
 
 class Message(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: str | None = Field(default=None, max_length=1_000_000)
+    content: NulFreeStr | None = Field(default=None, max_length=1_000_000)
+
+    @model_validator(mode="after")
+    def _storable_extras(self) -> Message:
+        # tool_calls, name … : free-form JSON like metadata, under the same rules.
+        reason = unstorable(self.__pydantic_extra__) if self.__pydantic_extra__ else None
+        if reason:
+            raise ValueError(reason)
+        return self
 
 
 class TrajectoryLine(BaseModel):
@@ -120,28 +129,21 @@ class TrajectoryLine(BaseModel):
     ``project_id`` and ``task_input_id`` are accepted and not kept: imported rows get new
     ids in the target project."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     id: uuid.UUID | None = None
     project_id: uuid.UUID | None = None
     task_input_id: uuid.UUID | None = None
     run_id: uuid.UUID | None = None
-    learning_key: str | None = Field(default=None, min_length=1, max_length=200)
+    learning_key: NulFreeStr | None = Field(default=None, min_length=1, max_length=200)
     step: int = Field(default=0, ge=0, le=10_000_000)
     group_index: int = Field(default=0, ge=0, le=100_000)
     rollout_index: int = Field(default=0, ge=0, le=100_000)
     messages: list[Message] = Field(min_length=1, max_length=10_000)
     reward: float | None = None
-    reward_breakdown: dict[str, Any] = Field(default_factory=dict)
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    reward_breakdown: StorableObject = Field(default_factory=dict)
+    metadata: StorableObject = Field(default_factory=dict)
     created_at: datetime | None = None
-
-    @field_validator("reward")
-    @classmethod
-    def _finite(cls, value: float | None) -> float | None:
-        if value is not None and not math.isfinite(value):
-            raise ValueError("reward must be a finite number")
-        return value
 
     @field_validator("created_at")
     @classmethod
@@ -184,9 +186,6 @@ def parse_lines(source: str | Path | TextIO | Iterable[str]) -> list[tuple[int, 
     for number, raw in enumerate(_read_lines(source), start=1):
         if not raw.strip():
             continue
-        if "\\u0000" in raw or "\x00" in raw:
-            bad.append((number, "contains a NUL character, which PostgreSQL cannot store"))
-            continue
         try:
             line = TrajectoryLine.model_validate_json(raw)
         except ValidationError as exc:
@@ -207,15 +206,26 @@ def parse_lines(source: str | Path | TextIO | Iterable[str]) -> list[tuple[int, 
     return parsed
 
 
-_INSERT_RUN = """
-INSERT INTO runs (
-    id, project_id, status, model_name, task_description, num_examples, rollouts_per_group,
-    learning_rate, num_epochs, max_steps, learning_key, reward, grpo, config, step, epoch,
-    version, attempt, cancel_requested, pause_requested, dispatched_at, completed_at
+_INSERT_RUN = insert_run_sql(
+    {
+        "id": "$1",
+        "project_id": "$2",
+        "status": "'completed'",
+        "model_name": "$3",
+        "task_description": "$4",
+        "num_examples": "0",
+        "rollouts_per_group": "$5",
+        "learning_rate": "0",
+        "num_epochs": "1",
+        "learning_key": "$6",
+        "reward": "'{}'",
+        "grpo": "'{}'",
+        "config": "$7",
+        "step": "$8",
+        "dispatched_at": "now()",
+        "completed_at": "now()",
+    }
 )
-VALUES ($1, $2, 'completed', $3, $4, 0, $5, 0, 1, NULL, $6, '{}', '{}', $7, $8, 0, 1, 0,
-        false, false, now(), now())
-"""
 _INSERT_EVENT = """
 INSERT INTO run_events (run_id, type, level, message, data)
 VALUES ($1, 'imported', 'info', $2, $3)

@@ -12,8 +12,7 @@ from sqlalchemy import func, select
 from app.inputs.models import TaskInput
 from app.runs.models import Run
 from app.runs.status import RunStatus
-from tests.conftest import run_body
-from tests.factories import create_run
+from tests.support.runs import create_run, run_body
 
 PROBLEM = "application/problem+json"
 

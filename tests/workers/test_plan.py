@@ -31,3 +31,23 @@ def test_max_steps_bounds_the_plan() -> None:
     plan = build_plan(_inputs(3), groups_per_step=1, num_epochs=100, max_steps=7, seed=0)
     assert len(plan) == 7 and plan[-1].epoch == 2
     assert build_plan([], groups_per_step=1, num_epochs=1, max_steps=None, seed=0) == []
+
+
+def test_max_steps_sets_the_number_of_steps_beyond_num_epochs() -> None:
+    """As in TRL, max_steps overrides num_epochs: 4 inputs, 2 per step, 1 epoch and
+    max_steps=6 train 6 steps over 3 epochs (it used to stop at step 2 without a word)."""
+    plan = build_plan(_inputs(4), groups_per_step=2, num_epochs=1, max_steps=6, seed=3)
+    assert len(plan) == total_steps(4, 2, 1, 6) == 6
+    assert [(b.step, b.epoch, b.epoch_step) for b in plan] == [
+        (0, 0, 0),
+        (1, 0, 1),
+        (2, 1, 0),
+        (3, 1, 1),
+        (4, 2, 0),
+        (5, 2, 1),
+    ]
+    for epoch in range(3):  # each epoch is a full pass over the inputs
+        assert sorted(i.index for b in plan if b.epoch == epoch for i in b.items) == [0, 1, 2, 3]
+    # Fewer steps than the epochs would take: max_steps still decides.
+    assert len(build_plan(_inputs(4), groups_per_step=2, num_epochs=5, max_steps=3, seed=3)) == 3
+    assert total_steps(0, 2, 1, 6) == 0  # no inputs, no steps

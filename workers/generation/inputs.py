@@ -18,9 +18,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from app.core.limits import MAX_INPUT_CHARS
+from app.core.storable import unstorable
 from workers.llm import AnswerRejected, ChatClient, Endpoint, LLMAnswerError, LLMError
 
-MAX_INPUT_CHARS = 32_000  # app.runs.schemas.InputItem.input_text's limit
 _SHOWN_EXISTING = 30  # at most this many earlier inputs go back into the prompt
 _SHOWN_CHARS = 300  # each cut to this length
 
@@ -199,7 +200,9 @@ def _add(result: GeneratedInputs, seen: set[str], items: list[_Item], limit: int
     for item in items:
         text = item.input_text.strip()
         key = normalise(text)
-        if not key or len(text) > MAX_INPUT_CHARS:
+        # What an inline input could not be (too long, NUL, which text cannot hold) is
+        # skipped, not stored to fail the insert.
+        if not key or len(text) > MAX_INPUT_CHARS or unstorable(text):
             continue
         if key in seen:
             result.duplicates += 1

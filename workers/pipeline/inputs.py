@@ -7,6 +7,7 @@ an LLM from the task description, as ART's AutoRL does.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 
 from sqlalchemy import func, insert, select, update
@@ -108,7 +109,46 @@ async def prepare_inputs(
                 .where(col(TaskInput.run_id) == ctx.run_id, col(TaskInput.index).in_(chosen))
                 .values(split="validation")
             )
+        elif validation_fraction > 0 and not n_validation:
+            run = await session.get(Run, ctx.run_id)
+            assert run is not None
+            warning = no_validation_warning(
+                len(train), validation_fraction, bool(run.grpo.get("load_best_model_at_end"))
+            )
+            # Said where the split is decided, in its transaction: in the events, and in the
+            # summary that GET /runs/{id} shows.
+            run.metrics = {**(run.metrics or {}), VALIDATION_WARNING: warning}
+            await events.append(
+                session,
+                ctx.run_id,
+                "inputs",
+                warning,
+                level="warning",
+                data={"train": len(train), "validation_fraction": validation_fraction},
+            )
     return {"train": len(train) - held_out, "validation": n_validation + held_out}
+
+
+# The key of the run's summary (run.metrics) that says no inputs were held out.
+VALIDATION_WARNING = "validation_warning"
+
+
+def no_validation_warning(
+    n_train: int, validation_fraction: float, load_best_model_at_end: bool
+) -> str:
+    """What to tell the user when ``validation_fraction`` of ``n_train`` inputs rounds down
+    to none held out (0.1 of 6 is 0.6)."""
+    needed = math.ceil(1 / validation_fraction)
+    text = (
+        f"validation_fraction {validation_fraction:g} of {n_train} train inputs holds out "
+        f"none (it rounds down; {needed} inputs hold out one), so nothing is evaluated"
+    )
+    if load_best_model_at_end:
+        text += " and load_best_model_at_end keeps the last step's model, not the best"
+    return (
+        text
+        + ": give more inputs, a larger validation_fraction, or inputs with split='validation'."
+    )
 
 
 async def load_inputs(ctx: RunContext, split: str = "train") -> list[PlannedInput]:

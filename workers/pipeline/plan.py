@@ -2,8 +2,9 @@
 
 Train inputs are shuffled once per epoch with a seed derived from the run's seed and the
 epoch, then taken ``groups_per_step`` at a time (the reference's TrainingInputBatch: step,
-epoch, epoch_step, items). The plan is a pure function of the inputs and the settings, so
-a resumed run continues at exactly the input it would have reached.
+epoch, epoch_step, items). ``max_steps``, when given, sets the number of steps whatever
+``num_epochs`` says, as in TRL. The plan is a pure function of the inputs and the settings,
+so a resumed run continues at exactly the input it would have reached.
 """
 
 from __future__ import annotations
@@ -35,8 +36,14 @@ def steps_per_epoch(n_train: int, groups_per_step: int) -> int:
 
 
 def total_steps(n_train: int, groups_per_step: int, num_epochs: int, max_steps: int | None) -> int:
-    planned = steps_per_epoch(n_train, groups_per_step) * num_epochs
-    return min(planned, max_steps) if max_steps else planned
+    """As in TRL: ``max_steps``, when given, is the number of steps (it overrides
+    ``num_epochs``; the inputs are gone through again as often as needed); otherwise
+    ``num_epochs`` passes over the train inputs."""
+    if not n_train:
+        return 0
+    if max_steps:
+        return max_steps
+    return steps_per_epoch(n_train, groups_per_step) * num_epochs
 
 
 def build_plan(

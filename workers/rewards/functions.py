@@ -2,7 +2,8 @@
 
 Every function is called as ``fn(completion, *, prompt, context, **args) -> float``; user
 functions are named by import path (``package.module:function``) and must be importable on
-the workers.
+the workers. The built-ins are listed, with what each does and its arguments, in
+:data:`app.runs.rewards.BUILTIN_REWARDS`; their implementations here attach to that list.
 """
 
 from __future__ import annotations
@@ -11,37 +12,49 @@ import json
 import math
 import re
 from collections.abc import Callable
+from functools import partial
 from importlib import import_module
 from typing import Any
 
+from pydantic import ValidationError
+
+from app.runs.rewards import BUILTIN_REWARDS, builtin_args
 from workers.rewards.base import Group, Score
 
 RewardFn = Callable[..., float]
 
 
+_IMPLEMENTATIONS: dict[str, RewardFn] = {}
+
+
+def _builtin(fn: RewardFn) -> RewardFn:
+    """Attach ``fn`` to the built-in of its name in :data:`BUILTIN_REWARDS`, which holds its
+    arguments' defaults and rules: it is called with args validated there."""
+    name = fn.__name__
+    if name not in BUILTIN_REWARDS:
+        raise RuntimeError(f"{name!r} is not in app.runs.rewards.BUILTIN_REWARDS")
+    _IMPLEMENTATIONS[name] = fn
+    return fn
+
+
+@_builtin
 def exact_match(
-    completion: str,
-    *,
-    context: dict[str, Any] | None,
-    key: str = "answer",
-    case_sensitive: bool = False,
-    **_: Any,
+    completion: str, *, context: dict[str, Any] | None, key: str, case_sensitive: bool, **_: Any
 ) -> float:
-    """1 when the completion equals ``context[key]`` (whitespace-trimmed)."""
     if not context or key not in context:
         return 0.0
     a, b = completion.strip(), str(context[key]).strip()
     return float(a == b if case_sensitive else a.lower() == b.lower())
 
 
-def regex(completion: str, *, pattern: str, full_match: bool = False, **_: Any) -> float:
-    """1 when ``pattern`` matches the completion (anywhere, or whole with full_match)."""
+@_builtin
+def regex(completion: str, *, pattern: str, full_match: bool, **_: Any) -> float:
     matcher = re.fullmatch if full_match else re.search
     return float(matcher(pattern, completion, flags=re.DOTALL) is not None)
 
 
-def json_valid(completion: str, *, required_keys: list[str] | None = None, **_: Any) -> float:
-    """1 when the completion is JSON (an object holding ``required_keys``, if given)."""
+@_builtin
+def json_valid(completion: str, *, required_keys: list[str] | None, **_: Any) -> float:
     try:
         value = json.loads(completion)
     except ValueError:
@@ -51,28 +64,33 @@ def json_valid(completion: str, *, required_keys: list[str] | None = None, **_: 
     return 1.0
 
 
-def length_target(completion: str, *, target: int = 100, **_: Any) -> float:
-    """1 at exactly ``target`` characters, falling linearly to 0 at 0 or 2x target."""
+@_builtin
+def length_target(completion: str, *, target: int, **_: Any) -> float:
     return max(0.0, 1.0 - abs(len(completion) - target) / max(target, 1))
 
 
-def char_fraction(completion: str, *, char: str = "a", **_: Any) -> float:
-    """The fraction of the completion's characters that are ``char``."""
+@_builtin
+def char_fraction(completion: str, *, char: str, **_: Any) -> float:
     return completion.count(char) / len(completion) if completion else 0.0
 
 
-BUILTINS: dict[str, RewardFn] = {
-    "exact_match": exact_match,
-    "regex": regex,
-    "json_valid": json_valid,
-    "length_target": length_target,
-    "char_fraction": char_fraction,
-}
+if _IMPLEMENTATIONS.keys() != BUILTIN_REWARDS.keys():  # not an assert: python -O keeps it
+    raise RuntimeError(
+        "built-in rewards without an implementation: "
+        + ", ".join(sorted(BUILTIN_REWARDS.keys() - _IMPLEMENTATIONS.keys()))
+    )
 
 
-def resolve(name: str) -> RewardFn:
-    if name in BUILTINS:
-        return BUILTINS[name]
+def resolve(name: str, args: dict[str, Any] | None = None) -> RewardFn:
+    """The function ``name`` with its ``args`` bound: a built-in's validated against
+    :data:`BUILTIN_REWARDS` (defaults filled in), a user function's as given. Raises
+    ValueError for a function this worker cannot import or arguments that do not fit."""
+    if name in BUILTIN_REWARDS:
+        try:
+            bound = builtin_args(name, dict(args or {}))
+        except ValidationError as exc:
+            raise ValueError(f"reward function {name!r}: bad args: {exc}") from exc
+        return partial(_IMPLEMENTATIONS[name], **bound)
     module, sep, attr = name.partition(":")
     if not sep:
         module, _, attr = name.rpartition(".")
@@ -84,7 +102,7 @@ def resolve(name: str) -> RewardFn:
         ) from exc
     if not callable(fn):
         raise ValueError(f"reward function {name!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return partial(fn, **(args or {}))
 
 
 class FunctionScorer:
@@ -97,13 +115,12 @@ class FunctionScorer:
             (
                 # The breakdown is keyed by name; a function used twice gets its position.
                 name if names.count(name) == 1 else f"{name}[{i}]",
-                resolve(name),
+                resolve(name, f.get("args")),
                 float(f.get("weight", 1.0)),
-                dict(f.get("args", {})),
             )
             for i, (name, f) in enumerate(zip(names, spec["functions"], strict=True))
         ]
-        self.total_weight = sum(w for _, _, w, _ in self.functions)
+        self.total_weight = sum(w for _, _, w in self.functions)
 
     def check(self) -> None:
         """Resolving the functions in __init__ already proved they import."""
@@ -114,12 +131,12 @@ class FunctionScorer:
             row = []
             for rollout in group.rollouts:
                 parts: dict[str, float] = {}
-                for name, fn, _, args in self.functions:
+                for name, fn, _ in self.functions:
                     value = float(
-                        fn(rollout.completion, prompt=rollout.prompt, context=group.context, **args)
+                        fn(rollout.completion, prompt=rollout.prompt, context=group.context)
                     )
                     parts[name] = value if math.isfinite(value) else 0.0
-                total = sum(parts[n] * w for n, _, w, _ in self.functions) / self.total_weight
+                total = sum(parts[n] * w for n, _, w in self.functions) / self.total_weight
                 row.append(Score(total, {"functions": parts}))
             scored.append(row)
         return scored
