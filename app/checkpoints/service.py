@@ -70,3 +70,14 @@ async def prune(
             )
         )
     return [r.path for r in doomed]
+
+
+async def list_after(
+    session: AsyncSession, run_id: uuid.UUID, *, after_step: int | None, limit: int
+) -> list[Checkpoint]:
+    """The run's checkpoints by step, after ``after_step`` (a page of ``limit`` rows)."""
+    query = select(Checkpoint).where(col(Checkpoint.run_id) == run_id)
+    if after_step is not None:
+        query = query.where(col(Checkpoint.step) > after_step)
+    query = query.order_by(col(Checkpoint.step)).limit(limit)
+    return list((await session.execute(query)).scalars())

@@ -1,25 +1,30 @@
-"""Cursor pagination: ``?limit=&after=`` → ``{data, has_more, next_cursor}``.
+"""Cursor pagination: ``?limit=&after=`` → ``{data, has_more, next_cursor}``, and the rules
+every list's query parameters follow.
 
 A cursor is the keyset position of the last row served (base64url JSON of its order
 columns), so page 10,000 costs what page 1 costs and rows inserted meanwhile neither shift
-nor repeat a page.
+nor repeat a page. It also names the list it came from and a digest of that list's scope
+(the parent resource and the filters that shape the order), so a cursor of one list given
+to another, or to the same list under other filters, is a 422 ``invalid_cursor`` instead of
+a page positioned by the wrong columns.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import json
 import uuid
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
 
-from fastapi import Depends, Query, Request
+from fastapi import Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from app.core.columns import INT32_MAX, INT64_MAX
-from app.core.errors import INVALID_CURSOR, Problem
+from app.core.errors import INCONSISTENT, INVALID_CURSOR, Problem
 from app.core.settings import app_settings
 
 T = TypeVar("T")
@@ -31,8 +36,19 @@ class Page(BaseModel, Generic[T]):
     next_cursor: str | None = None
 
 
-def encode_cursor(values: Sequence[Any]) -> str:
-    raw = json.dumps(list(values), separators=(",", ":"), default=str).encode()
+def _scope_digest(scope: Sequence[Any]) -> str:
+    # Short: it only has to tell scopes apart, not resist forgery (a forged cursor is still
+    # checked value by value, and positions nothing outside the caller's project). str() of
+    # each part rather than a JSON encoder: every events page of every poller runs this.
+    raw = "\x1f".join(map(str, scope))
+    return hashlib.blake2b(raw.encode(), digest_size=6).hexdigest()
+
+
+def encode_cursor(values: Sequence[Any], *, of: str, scope: Sequence[Any] = ()) -> str:
+    """The cursor of keyset position ``values`` in list ``of`` (an operation's name) under
+    ``scope`` (its parent id and the filters it was asked with)."""
+    payload = [of, _scope_digest(scope), *values]
+    raw = json.dumps(payload, separators=(",", ":"), default=str).encode()
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
@@ -80,15 +96,20 @@ _STRICT: dict[Any, Callable[[Any], Any]] = {
 }
 
 
-def decode_cursor(cursor: str, *types: Callable[[Any], Any]) -> list[Any]:
+def decode_cursor(
+    cursor: str, *types: Callable[[Any], Any], of: str, scope: Sequence[Any] = ()
+) -> list[Any]:
     """The values of ``cursor``, each converted by the matching ``types`` entry (``int``,
     :func:`cursor_int32`, ``datetime.fromisoformat``, ``uuid.UUID`` …); 422 naming
-    ``query.after`` when the cursor is not one this list handed out."""
+    ``query.after`` when the cursor is not one list ``of`` handed out under ``scope``."""
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
-        values = json.loads(base64.urlsafe_b64decode(padded.encode()))
-        if not isinstance(values, list) or len(values) != len(types):
+        payload = json.loads(base64.urlsafe_b64decode(padded.encode()))
+        if not isinstance(payload, list) or len(payload) != len(types) + 2:
             raise ValueError("wrong arity")
+        name, digest, *values = payload
+        if name != of or digest != _scope_digest(scope):
+            raise ValueError("a cursor of another list or of other filters")
         return [
             _STRICT.get(convert, convert)(value)
             for convert, value in zip(types, values, strict=True)
@@ -97,7 +118,7 @@ def decode_cursor(cursor: str, *types: Callable[[Any], Any]) -> list[Any]:
         raise Problem(
             422,
             "Invalid cursor",
-            "Not a cursor of this list.",
+            "Not a cursor of this list with these filters.",
             field="query.after",
             error_type=INVALID_CURSOR,
         ) from exc
@@ -113,6 +134,20 @@ class PageParams(BaseModel):
 PAGE_SIZE_CAP = "x-trainyard-max-page-size"
 
 
+def cursor_query(description: str) -> Any:
+    """The ``after`` parameter of a list: what every cursor is made of (base64url) is said
+    in the document too, so with the length cap the longest ``after`` is 512 bytes of URL."""
+    return Query(max_length=512, pattern=r"^[A-Za-z0-9_-]*$", description=description)
+
+
+After = Annotated[
+    str | None,
+    cursor_query(
+        "`next_cursor` of the previous page (opaque; bound to this list and these filters)."
+    ),
+]
+
+
 def page_params(
     request: Request,
     limit: Annotated[
@@ -123,10 +158,7 @@ def page_params(
             json_schema_extra={PAGE_SIZE_CAP: True},
         ),
     ] = None,
-    after: Annotated[
-        str | None,
-        Query(max_length=512, description="`next_cursor` of the previous page."),
-    ] = None,
+    after: After = None,
 ) -> PageParams:
     settings = app_settings(request)
     if limit is not None and limit > settings.max_page_size:
@@ -135,6 +167,8 @@ def page_params(
             "Page size too large",
             f"limit must be at most {settings.max_page_size}.",
             field="query.limit",
+            # pydantic's type for a `maximum` exceeded: the document states the cap.
+            error_type="less_than_equal",
         )
     return PageParams(limit=limit or settings.default_page_size, after=after)
 
@@ -142,12 +176,48 @@ def page_params(
 Paging = Annotated[PageParams, Depends(page_params)]
 
 
-def make_page(rows: Sequence[Any], limit: int, key: Any, convert: Any) -> dict[str, Any]:
-    """Build a page from ``limit + 1`` fetched rows; ``key(row)`` gives the cursor values."""
+def make_page(
+    rows: Sequence[Any],
+    limit: int,
+    key: Any,
+    convert: Any,
+    *,
+    of: str,
+    scope: Sequence[Any] = (),
+) -> dict[str, Any]:
+    """Build a page from ``limit + 1`` fetched rows; ``key(row)`` gives the cursor values,
+    ``of`` and ``scope`` what :func:`decode_cursor` is then called with."""
     has_more = len(rows) > limit
     rows = rows[:limit]
     return {
         "data": [convert(r) for r in rows],
         "has_more": has_more,
-        "next_cursor": encode_cursor(key(rows[-1])) if has_more and rows else None,
+        "next_cursor": encode_cursor(key(rows[-1]), of=of, scope=scope)
+        if has_more and rows
+        else None,
     }
+
+
+def rendered_page(data: str, has_more: bool, next_cursor: str | None) -> Response:
+    """A page (:class:`Page`) whose ``data`` PostgreSQL rendered as a JSON array of items in
+    the shape of the response model (:func:`app.core.sql.json_object`); served as it is,
+    with no Python object per row, as the pollers' routes need (docs/benchmarks.md)."""
+    body = (
+        f'{{"data":{data},"has_more":{json.dumps(has_more)},'
+        f'"next_cursor":{json.dumps(next_cursor)}}}'
+    )
+    return Response(body, media_type="application/json")
+
+
+def range_problem(field: str, detail: str) -> Problem:
+    """The 422 of a range whose lower end is above its upper end, named by the lower end."""
+    return Problem(422, "Inconsistent range", detail, field=field, error_type=INCONSISTENT)
+
+
+def check_range(low_name: str, low: Any, high_name: str, high: Any) -> None:
+    """Refuse an inverted range (``low > high``) of two query parameters: each is valid
+    alone, but together they ask for nothing, which is a mistake to say rather than an
+    empty page to serve. Equal ends are a point (or, half-open, an empty) range, not an
+    error."""
+    if low is not None and high is not None and low > high:
+        raise range_problem(f"query.{low_name}", f"{low_name} exceeds {high_name}.")

@@ -1,9 +1,12 @@
-"""Hand-written SQL for asyncpg: ``WHERE`` clauses built one filter at a time."""
+"""Hand-written SQL for asyncpg: ``WHERE`` clauses built one filter at a time, and JSON
+objects PostgreSQL renders in the shape of a response model."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pydantic import BaseModel
 
 
 class Where:
@@ -30,3 +33,25 @@ class Where:
 
     def sql(self) -> str:
         return " AND ".join(self.clauses) if self.clauses else "true"
+
+
+def json_object(model: type[BaseModel], expressions: Mapping[str, str] | None = None) -> str:
+    """``json_build_object(...)`` of one ``model`` as the API shows it, for PostgreSQL to
+    render: one key per field of the model, in its order, each the column of that name
+    unless ``expressions`` gives its SQL.
+
+    The keys come from the model, so the JSON has the fields its schema names and no
+    others. The values are the caller's part: columns whose type renders as the field's
+    JSON type (``bigint``/``integer`` a number, ``text``/``uuid`` a string, ``timestamptz``
+    an RFC 3339 date-time, ``NOT NULL`` where the field is), and an expression narrowing
+    any column wider than its field (a ``jsonb`` that must be an object). The tests of
+    ``tests/api/test_response_schemas.py`` hold every answer to the document."""
+    given = dict(expressions or {})
+    unknown = set(given) - set(model.model_fields)
+    if unknown:
+        raise ValueError(f"{model.__name__} has no field {sorted(unknown)}")
+    pairs = ", ".join(
+        f"'{field.serialization_alias or name}', {given.get(name, name)}"
+        for name, field in model.model_fields.items()
+    )
+    return f"json_build_object({pairs})"

@@ -15,7 +15,7 @@ from app.core.deps import ReadSession
 from app.core.errors import INCONSISTENT, Problem, problem_responses
 from app.core.pagination import Paging, cursor_int32, decode_cursor, make_page
 from app.core.settings import app_settings
-from app.core.storable import NO_NUL
+from app.core.storable import NO_NUL, jsonable
 from app.datasets import service
 from app.datasets.models import Dataset, DatasetRow
 from app.datasets.schemas import DatasetPublic, DatasetRowPublic, DatasetRowsPage, DatasetsPage
@@ -126,7 +126,7 @@ async def create_dataset(
                 error_type=INCONSISTENT,
             )
         # The file's name is only a default: what PostgreSQL cannot store (NUL) is replaced.
-        filename = (upload.filename or "").replace("\x00", "\ufffd")
+        filename = jsonable(upload.filename or "")
         name = name or upload.name or filename[:MAX_NAME_CHARS] or None
     elif media_type in JSONL_MEDIA_TYPES:
         declared = request.headers.get("content-length", "")
@@ -168,10 +168,14 @@ async def list_datasets(caller: Caller, session: ReadSession, page: Paging) -> d
     """The project's datasets, newest first."""
     after = None
     if page.after:
-        created, last_id = decode_cursor(page.after, datetime.fromisoformat, uuid.UUID)
+        created, last_id = decode_cursor(
+            page.after, datetime.fromisoformat, uuid.UUID, of="list_datasets"
+        )
         after = (created, last_id)
     rows = await service.list_datasets(session, caller.project_id, limit=page.limit, after=after)
-    return make_page(rows, page.limit, _dataset_cursor, DatasetPublic.model_validate)
+    return make_page(
+        rows, page.limit, _dataset_cursor, DatasetPublic.model_validate, of="list_datasets"
+    )
 
 
 def _dataset_cursor(d: Dataset) -> tuple[str, str]:
@@ -205,9 +209,21 @@ async def list_dataset_rows(
 ) -> dict[str, object]:
     """The dataset's rows, by index; `split` keeps one split."""
     await service.ensure_dataset_visible(session, caller.project_id, dataset_id)
-    after = decode_cursor(page.after, cursor_int32)[0] if page.after else None
+    scope = (dataset_id, split)
+    after = (
+        decode_cursor(page.after, cursor_int32, of="list_dataset_rows", scope=scope)[0]
+        if page.after
+        else None
+    )
     rows = await service.list_rows(session, dataset_id, split=split, limit=page.limit, after=after)
-    return make_page(rows, page.limit, _row_cursor, DatasetRowPublic.model_validate)
+    return make_page(
+        rows,
+        page.limit,
+        _row_cursor,
+        DatasetRowPublic.model_validate,
+        of="list_dataset_rows",
+        scope=scope,
+    )
 
 
 def _row_cursor(r: DatasetRow) -> tuple[int]:

@@ -13,7 +13,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
-from app.core.errors import NotFound
+from app.core.domain import NotFound
 from app.datasets.models import Dataset, DatasetRow
 from app.datasets.upload import JsonlReader
 

@@ -1,7 +1,9 @@
 """Run progress: a paginated event log and a Server-Sent Events stream of the same log.
 
-The stream resumes from ``Last-Event-ID`` (or ``?after=``), so a client that reconnects
-gets every event once, without gaps or repeats, and it ends after the run's last event.
+The stream resumes from ``Last-Event-ID`` (the raw event id of the last ``id:`` line), so a
+client that reconnects gets every event once, without gaps or repeats, and it ends after the
+run's last event. ``?after=`` takes the page's opaque cursor on both routes, so a client can
+read the log's pages and then follow the stream from where the last page ended.
 """
 
 from __future__ import annotations
@@ -12,30 +14,43 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Annotated
 
-from fastapi import APIRouter, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Request, Response
 from fastapi.responses import StreamingResponse
-from sqlalchemy import select
-from sqlmodel import col
 
 from app.auth.deps import Caller
 from app.core.columns import INT64_MAX
 from app.core.deps import ReadSession
-from app.core.errors import NotFound, problem_responses
-from app.core.pagination import Paging, decode_cursor, encode_cursor
+from app.core.domain import NotFound
+from app.core.errors import problem_responses
+from app.core.pagination import (
+    Paging,
+    cursor_query,
+    decode_cursor,
+    encode_cursor,
+    rendered_page,
+)
 from app.core.settings import app_settings
 from app.events import service
 from app.events.models import RunEvent
 from app.events.schemas import RunEventPublic, RunEventsPage
-from app.runs.models import Run
 from app.runs.service import ensure_run_visible
 from app.runs.status import TERMINAL, RunStatus
 
 router = APIRouter(prefix="/runs/{run_id}/events", tags=["events"])
 
+# The page and the stream share one cursor: `after` means the same on both.
+LIST = "list_run_events"
+
+
+def _after_id(cursor: str | None, run_id: uuid.UUID) -> int:
+    if cursor is None:
+        return 0
+    return int(decode_cursor(cursor, int, of=LIST, scope=(run_id,))[0])
+
 
 @router.get(
     "",
-    operation_id="list_run_events",
+    operation_id=LIST,
     response_model=RunEventsPage,
     responses=problem_responses(401, 404, 422),
 )
@@ -43,41 +58,14 @@ async def list_run_events(
     request: Request, run_id: uuid.UUID, caller: Caller, page: Paging
 ) -> Response:
     """The run's events, oldest first."""
-    after = decode_cursor(page.after, int)[0] if page.after else 0
-    async with request.app.state.pg.acquire() as conn:
-        row = await conn.fetchrow(_PAGE, run_id, caller.project_id, after, page.limit)
-    if not row["visible"]:
+    after_id = _after_id(page.after, run_id)
+    found = await service.page(
+        request.app.state.pg, caller.project_id, run_id, after_id=after_id, limit=page.limit
+    )
+    if found is None:
         raise NotFound("Run")
-    has_more = row["fetched"] > page.limit
-    cursor = json.dumps(encode_cursor([row["last_id"]])) if has_more else "null"
-    more = "true" if has_more else "false"
-    body = f'{{"data":{row["data"]},"has_more":{more},"next_cursor":{cursor}}}'
-    return Response(body, media_type="application/json")
-
-
-# A page of events as the API shows them, rendered by PostgreSQL: polled by every client of
-# every live run, so no ORM and no Python object per event (docs/benchmarks.md, pollers).
-_PAGE = """
-WITH run AS (
-    SELECT id FROM runs WHERE id = $1 AND project_id = $2
-), page AS (
-    SELECT e.id, e.run_id, e.type, e.level, e.message, e.data, e.created_at
-      FROM run_events AS e JOIN run ON e.run_id = run.id
-     WHERE e.id > $3
-     ORDER BY e.id
-     LIMIT $4 + 1
-), kept AS (
-    SELECT * FROM page ORDER BY id LIMIT $4
-)
-SELECT EXISTS (SELECT 1 FROM run) AS visible,
-       (SELECT count(*) FROM page) AS fetched,
-       (SELECT max(id) FROM kept) AS last_id,
-       (SELECT coalesce(json_agg(json_build_object(
-                   'id', id, 'run_id', run_id, 'type', type, 'level', level,
-                   'message', message, 'data', data, 'created_at', created_at) ORDER BY id),
-               '[]'::json)::text
-          FROM kept) AS data
-"""
+    cursor = encode_cursor([found.last_id], of=LIST, scope=(run_id,)) if found.has_more else None
+    return rendered_page(found.data, found.has_more, cursor)
 
 
 def _sse(event: RunEvent) -> str:
@@ -135,17 +123,24 @@ async def stream_run_events(
             alias="Last-Event-ID",
             max_length=20,
             pattern=r"^[0-9]+$",
-            description="Resume after this event id (what the last `id:` said).",
+            description="Resume after this event id: what the last `id:` line said (an "
+            "EventSource sends it by itself on reconnecting). Wins over `after`.",
         ),
     ] = None,
     after: Annotated[
-        int | None, Query(ge=0, le=INT64_MAX, description="Start after this event id.")
+        str | None,
+        cursor_query(
+            "A `next_cursor` of `GET /runs/{run_id}/events`: start after that page (the same "
+            "cursor as the page's `after`). From an event id, send `Last-Event-ID`."
+        ),
     ] = None,
 ) -> StreamingResponse:
-    """Live events of the run; ends after the run reaches a terminal status."""
+    """Live events of the run; ends after the run reaches a terminal status. It starts after
+    `Last-Event-ID` (an event id: the last `id:` line, or the last event of a page), else
+    after the page `after` names, else at the first event."""
+    start = _after_id(after, run_id)
     await ensure_run_visible(session, caller.project_id, run_id)
     await session.close()  # the stream opens short sessions of its own
-    start = after or 0
     if last_event_id is not None:
         # Past the largest event id there can be: nothing to resume, as after the last one.
         start = min(int(last_event_id), INT64_MAX)
@@ -158,10 +153,7 @@ async def stream_run_events(
         yield "retry: 2000\n\n"
         while not await request.is_disconnected():
             async with maker() as s:
-                # Status first: a terminal status read here means its event (written in the
-                # same transaction) is visible to the next statement.
-                status = await s.scalar(select(col(Run.status)).where(col(Run.id) == run_id))
-                batch = await service.list_after(s, run_id, after_id=cursor, limit=500)
+                status, batch = await service.stream_batch(s, run_id, after_id=cursor, limit=500)
             for event in batch:
                 cursor = event.id or cursor
                 yield _sse(event)

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
+from pydantic import BaseModel
 from sqlalchemy import BigInteger, Column, ForeignKey, Identity, Index, Uuid
 from sqlmodel import Field, SQLModel
 
@@ -27,3 +28,20 @@ class MetricPoint(SQLModel, table=True):
     name: str = Field(max_length=128)
     value: float
     created_at: datetime | None = Field(default=None, sa_column=timestamp())
+
+
+class Point(BaseModel):
+    step: int
+    value: float
+
+
+class MetricSeries(BaseModel):
+    name: str
+    points: list[Point]
+
+
+class RunMetrics(BaseModel):
+    """A run's metric series by name, each by step."""
+
+    run_id: uuid.UUID
+    series: list[MetricSeries]

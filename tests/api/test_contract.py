@@ -5,15 +5,15 @@ forbids that was accepted, an answer it does not describe."""
 from __future__ import annotations
 
 import base64
-import json
 import uuid
 from typing import Any
 
 import pytest
 
 from app.core.errors import INCONSISTENT, INVALID_CURSOR, KEY_REUSED
+from app.core.pagination import encode_cursor
 from app.core.settings import get_settings
-from tests.conftest import run_body
+from tests.support.runs import run_body
 
 PROBLEM = "application/problem+json"
 INT32_OVER = 2**31
@@ -49,8 +49,24 @@ def test_the_page_size_cap_is_in_the_document() -> None:
     assert limit["schema"]["maximum"] == settings.max_page_size
 
 
-def _cursor(raw: Any) -> str:
-    return base64.urlsafe_b64encode(json.dumps(raw).encode()).rstrip(b"=").decode()
+def _cursor(path: str, run_id: str, project_id: uuid.UUID, values: list[Any]) -> str:
+    """A cursor of the list at ``path`` (its name and scope right) holding ``values``, so
+    only the values are wrong."""
+    from app.training_data.filters import Filters
+
+    run = uuid.UUID(run_id)
+    of, scope = {
+        "/datasets": ("list_datasets", ()),
+        "/trajectories": (
+            "list_trajectories",
+            (Filters.build(project_ids=[project_id]), "newest"),
+        ),
+        "/runs/{run}/events": ("list_run_events", (run,)),
+        "/runs/{run}/checkpoints": ("list_run_checkpoints", (run,)),
+        "/runs/{run}/inputs": ("list_run_inputs", (run, None)),
+        "/runs/{run}/trajectories": ("list_run_trajectories", (run, None, None, None)),
+    }[path]
+    return encode_cursor(values, of=of, scope=scope)
 
 
 @pytest.mark.parametrize(
@@ -68,13 +84,27 @@ def _cursor(raw: Any) -> str:
         ("/runs/{run}/trajectories", [0, 0, INT32_OVER]),
         ("/runs/{run}/events", [True]),
         ("/runs/{run}/events", [[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]),
+        # Not a cursor at all.
+        ("/runs/{run}/events", None),
     ],
 )
 async def test_a_cursor_the_server_never_gave_is_422_not_500(client, tenant, path, values) -> None:
     run_id = await new_run(client, tenant)
     url = path.format(run=run_id)
-    r = await client.get(url, params={"after": _cursor(values)}, headers=tenant.headers)
+    if values is None:
+        cursor = base64.urlsafe_b64encode(b"[1]").decode().rstrip("=")
+    else:
+        cursor = _cursor(path, run_id, tenant.project_id, values)
+    r = await client.get(url, params={"after": cursor}, headers=tenant.headers)
     assert_problem(r, 422, "query.after", INVALID_CURSOR)
+
+
+async def test_a_well_formed_cursor_of_the_list_positions_it(client, tenant) -> None:
+    """The counterpart of the cases above: the same construction, with good values, pages."""
+    run_id = await new_run(client, tenant)
+    cursor = _cursor("/runs/{run}/events", run_id, tenant.project_id, [0])
+    r = await client.get(f"/runs/{run_id}/events", params={"after": cursor}, headers=tenant.headers)
+    assert r.status_code == 200 and r.json()["data"], r.text
 
 
 async def test_cursors_the_server_gave_still_page(client, tenant) -> None:
@@ -96,7 +126,6 @@ async def test_cursors_the_server_gave_still_page(client, tenant) -> None:
         ("/runs/{run}/trajectories", {"step": INT32_OVER}, "query.step"),
         ("/runs/{run}/metrics", {"step_min": INT32_OVER}, "query.step_min"),
         ("/runs/{run}/metrics", {"step_max": INT32_OVER}, "query.step_max"),
-        ("/runs/{run}/events/stream", {"after": INT64_OVER}, "query.after"),
         ("/trajectories", {"step": INT32_OVER}, "query.step[0]"),
         ("/trajectories/count", {"step": INT32_OVER}, "query.step[0]"),
         ("/runs/{run}/metrics", {"name": "loss\x00"}, "query.name[0]"),
@@ -127,8 +156,8 @@ async def test_the_largest_values_the_columns_take_are_fine(client, tenant) -> N
 async def test_a_run_body_with_nul_in_grpo_or_generator_is_422_not_500(client, tenant) -> None:
     """jsonb cannot hold \\u0000; only some of the body's fields were checked for it."""
     for patch, field in [
-        ({"grpo": {"vllm_dtype": "a\u0000"}}, "body.grpo"),
-        ({"generator": {"base_url": "http://x\u0000", "model": "m"}}, "body.generator"),
+        ({"grpo": {"vllm_dtype": "a\u0000"}}, "body.grpo.vllm_dtype"),
+        ({"generator": {"base_url": "http://x\u0000", "model": "m"}}, "body.generator.base_url"),
     ]:
         r = await client.post("/runs", json=run_body(**patch), headers=tenant.headers)
         assert_problem(r, 422, field)
@@ -269,7 +298,12 @@ async def test_fields_valid_alone_but_not_together_are_typed_inconsistent(client
         {"grpo": {"engine": "vllm-server"}},
         {"inputs": [{"input_text": "a", "split": "validation"}]},
         {"dataset_id": str(uuid.uuid4())},  # with run_body's inputs
-        {"reward": {"type": "function", "functions": [{"name": "regex", "weight": 0}]}},
+        {
+            "reward": {
+                "type": "function",
+                "functions": [{"name": "regex", "args": {"pattern": "a"}, "weight": 0}],
+            }
+        },
     ]:
         r = await client.post("/runs", json=run_body(**patch), headers=tenant.headers)
         assert r.status_code == 422, (patch, r.text)

@@ -135,9 +135,11 @@ def test_markers_document_and_do_not_validate() -> None:
 
 def test_cursors_round_trip_and_refuse_what_the_columns_cannot_hold() -> None:
     at = datetime(2024, 5, 1, tzinfo=UTC)
-    assert decode_cursor(encode_cursor([at.isoformat(), "0" * 32]), datetime.fromisoformat, str)
-    assert decode_cursor(encode_cursor([2**31 - 1]), cursor_int32) == [2**31 - 1]
-    assert decode_cursor(encode_cursor([2**63 - 1]), int) == [2**63 - 1]
+    assert decode_cursor(
+        encode_cursor([at.isoformat(), "0" * 32], of="x"), datetime.fromisoformat, str, of="x"
+    )
+    assert decode_cursor(encode_cursor([2**31 - 1], of="x"), cursor_int32, of="x") == [2**31 - 1]
+    assert decode_cursor(encode_cursor([2**63 - 1], of="x"), int, of="x") == [2**63 - 1]
     for values, types in [
         ([2**31], (cursor_int32,)),
         ([2**63], (int,)),
@@ -151,11 +153,15 @@ def test_cursors_round_trip_and_refuse_what_the_columns_cannot_hold() -> None:
         ({"a": 1}, (int,)),
     ]:
         with pytest.raises(Problem) as raised:
-            decode_cursor(encode_cursor(values) if isinstance(values, list) else "e30", *types)
+            decode_cursor(
+                encode_cursor(values, of="x") if isinstance(values, list) else "e30",
+                *types,
+                of="x",
+            )
         assert raised.value.errors is not None
         assert raised.value.errors[0].type == INVALID_CURSOR
     with pytest.raises(Problem):
-        decode_cursor("%%%", int)
+        decode_cursor("%%%", int, of="x")
 
 
 # --- instants -------------------------------------------------------------------------------

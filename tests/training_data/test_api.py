@@ -10,7 +10,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.training_data.conftest import BASE, Corpus
+from tests.support.training_data import BASE, Corpus
 
 
 def _headers(corpus: Corpus, project: str) -> dict[str, str]:
@@ -139,6 +139,51 @@ async def test_bad_filters_are_422_naming_the_parameter(
     body = r.json()
     fields = [e["field"] for e in body.get("errors") or []] + [body.get("field")]
     assert any(f and (f == field or f.startswith(f"{field}[")) for f in fields), body
+    # Every item says why, for programs (the page-size cap had no type).
+    assert all(e.get("type") for e in body["errors"]), body
+
+
+async def test_a_cursor_is_bound_to_the_filters_and_order_it_was_given_under(
+    client: httpx.AsyncClient, corpus: Corpus
+) -> None:
+    """The keyset position of one order or filter set would silently skip or repeat rows
+    in another: a 422 `invalid_cursor` instead."""
+    a = _headers(corpus, "a")
+    r = await client.get("/trajectories", params={"limit": 2, "min_reward": 0.3}, headers=a)
+    cursor = r.json()["next_cursor"]
+    assert cursor
+    for params in (
+        {"min_reward": 0.4},
+        {"min_reward": 0.3, "order": "oldest"},
+        {},
+    ):
+        r = await client.get("/trajectories", params={**params, "after": cursor}, headers=a)
+        assert r.status_code == 422, (params, r.text)
+        assert [(e["field"], e["type"]) for e in r.json()["errors"]] == [
+            ("query.after", "invalid_cursor")
+        ]
+    # What is included is not part of the position: the page still follows.
+    r = await client.get(
+        "/trajectories",
+        params={"min_reward": 0.3, "include_messages": "false", "after": cursor},
+        headers=a,
+    )
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("name", "most"), [("run_id", 100), ("learning_key", 10), ("step", 200)])
+async def test_list_filters_take_what_fits_in_a_url(
+    client: httpx.AsyncClient, corpus: Corpus, name: str, most: int
+) -> None:
+    """Over HTTP the list filters take fewer values than the library's 1,000, so the longest
+    URL the document allows is one the server reads (tests/api/test_url_limits.py)."""
+    value = {"run_id": str(uuid.uuid4()), "learning_key": "k", "step": "1"}[name]
+    a = _headers(corpus, "a")
+    r = await client.get("/trajectories/count", params={name: [value] * most}, headers=a)
+    assert r.status_code == 200, r.text
+    r = await client.get("/trajectories/count", params={name: [value] * (most + 1)}, headers=a)
+    assert r.status_code == 422, r.text
+    assert [(e["field"], e["type"]) for e in r.json()["errors"]] == [(f"query.{name}", "too_long")]
 
 
 async def test_export_streams_json_lines(client: httpx.AsyncClient, corpus: Corpus) -> None:
