@@ -1,28 +1,86 @@
 """``trainyard``: run the services, manage keys, and talk to the API.
 
-Service commands (up, api, worker, db) run locally; ``runs …`` talks to an API over HTTP with
-``--api-url``/``TRAINYARD_API_URL`` and ``--api-key``/``TRAINYARD_API_KEY``.
+Service commands (up, api, worker, db) run locally. The others find the running
+installation: the URLs and key in the state file ``trainyard up`` writes (``<home>/up.json``,
+and ``~/.trainyard/up.json`` when ``TRAINYARD_HOME`` is unset), unless ``--api-url`` /
+``TRAINYARD_API_URL``, ``--api-key`` / ``TRAINYARD_API_KEY`` or ``TRAINYARD_DATABASE_URL``
+say otherwise. Every error is one line on stderr and a non-zero exit status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from typer.core import TyperGroup
 
-app = typer.Typer(no_args_is_help=True, help=__doc__, pretty_exceptions_enable=False)
+if TYPE_CHECKING:  # the CLI starts without httpx until a command talks to the API
+    import httpx
+
+T = TypeVar("T")
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+UP_PROJECT = "default"  # the project of the key `trainyard up` makes
+
+
+class CliError(Exception):
+    """An error the user can act on: printed as one line, exit status ``code``."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class _OneLineErrors(TyperGroup):
+    """Turns every error of every subcommand into one line and an exit status; a
+    traceback only with ``TRAINYARD_DEBUG=1``."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's vendored click.Context
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort):
+            raise
+        except CliError as exc:
+            _fail(str(exc), exc.code)
+        except Exception as exc:
+            from app.core.services import NoInstallation
+
+            if isinstance(exc, NoInstallation):
+                _fail(str(exc), 1)
+            # Usage errors (typer's vendored click.ClickException) print themselves.
+            if hasattr(exc, "exit_code") and hasattr(exc, "show"):
+                raise
+            if os.environ.get("TRAINYARD_DEBUG"):
+                raise
+            _fail(f"{type(exc).__name__}: {exc} (TRAINYARD_DEBUG=1 shows the traceback)", 1)
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    # print, not rich: rich wraps at 80 columns without a terminal, and reads [..] as markup.
+    print(f"error: {' '.join(message.split())}", file=sys.stderr, flush=True)
+    raise typer.Exit(code)
+
+
+app = typer.Typer(
+    cls=_OneLineErrors,
+    no_args_is_help=True,
+    help=__doc__,
+    pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # paragraphs rewrapped, `code` shown as code
+)
 db_app = typer.Typer(no_args_is_help=True, help="Database schema.")
-keys_app = typer.Typer(no_args_is_help=True, help="API keys.")
+keys_app = typer.Typer(no_args_is_help=True, help="API keys (straight from the database).")
 runs_app = typer.Typer(no_args_is_help=True, help="Training runs (over HTTP).")
 data_app = typer.Typer(
     no_args_is_help=True, help="Trajectories as training data (straight from the database)."
@@ -32,12 +90,23 @@ app.add_typer(keys_app, name="keys")
 app.add_typer(runs_app, name="runs")
 app.add_typer(data_app, name="data")
 
-err = Console(stderr=True)
-out = Console()
+err = Console(stderr=True, soft_wrap=True)
+
+Json = Annotated[bool, typer.Option("--json", help="Print the data as JSON on stdout.")]
 
 
 def main() -> None:
     app()
+
+
+def _print_json(data: Any) -> None:
+    print(json.dumps(data, indent=2), flush=True)
+
+
+def _settings() -> Any:
+    from app.core.settings import get_settings
+
+    return get_settings()
 
 
 # -- services ------------------------------------------------------------------------------
@@ -57,11 +126,12 @@ def _upgrade(url: str, revision: str = "head") -> None:
 
 @db_app.command("upgrade")
 def db_upgrade(revision: str = "head") -> None:
-    """Apply migrations up to REVISION (default: the latest)."""
-    from app.core.services import database_url
-    from app.core.settings import get_settings
+    """Apply migrations up to REVISION (default: the latest) to TRAINYARD_DATABASE_URL, or
+    to the running `trainyard up`'s database (which `up` itself migrates when it starts)."""
+    from app.core.services import client_database_url
 
-    _upgrade(database_url(get_settings()), revision)
+    url = client_database_url(_settings())
+    _on_database(url, lambda: _upgrade(url, revision))
     err.print(f"database at {revision}")
 
 
@@ -76,10 +146,9 @@ def api(
     import uvicorn
 
     from app.core.services import database_url, redis_url
-    from app.core.settings import get_settings
 
     # Resolve embedded services once here, so uvicorn's worker processes share them.
-    settings = get_settings()
+    settings = _settings()
     os.environ["TRAINYARD_DATABASE_URL"] = database_url(settings)
     os.environ["TRAINYARD_REDIS_URL"] = redis_url(settings)
     uvicorn.run(
@@ -104,18 +173,20 @@ def worker(
 ) -> None:
     """Run a Celery worker."""
     from app.core.services import database_url, redis_url
-    from app.core.settings import get_settings
 
-    settings = get_settings()
+    settings = _settings()
     os.environ["TRAINYARD_DATABASE_URL"] = database_url(settings)
     os.environ["TRAINYARD_REDIS_URL"] = redis_url(settings)
     # Progress bars of model downloads and shard writes only clutter a worker's log.
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from workers.celery_app import get_celery
-
-    get_celery().worker_main(
+    # The worker is its own program: this process becomes it (same pid, same signals).
+    os.execv(
+        sys.executable,
         [
+            sys.executable,
+            "-m",
+            "workers",
             "worker",
             f"--queues={queues}",
             f"--pool={pool}",
@@ -124,85 +195,371 @@ def worker(
             "--without-gossip",
             "--without-mingle",
             f"--hostname=trainyard-{os.getpid()}@%h",
-        ]
+        ],
     )
+
+
+# -- trainyard up: a supervisor ----------------------------------------------------------------
+
+# Seconds before each restart of a child that keeps dying soon after it started; once they
+# are used up the child is given up on (a port in use, a broken install: restarting cannot
+# help) and `up` stops.
+RESTART_DELAYS = (1.0, 2.0, 4.0, 8.0, 16.0)
+# A child that ran this long before it died starts its backoff afresh.
+STABLE_SECONDS = 30.0
+STOP_SECONDS = 15.0
+
+
+def _how_it_ended(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+def _die_with_parent() -> Callable[[], None] | None:
+    """A preexec hook that has the kernel SIGTERM the child when ``up`` dies, even by
+    SIGKILL, so a killed ``up`` leaves no orphaned API or worker behind (Linux only)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    parent = os.getpid()
+
+    def hook() -> None:
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # `up` died before the hook ran
+            os._exit(1)
+
+    return hook
+
+
+@dataclass
+class _Child:
+    name: str
+    argv: list[str]
+    proc: subprocess.Popen[bytes] | None = None
+    started_at: float = 0.0
+    quick_exits: int = 0
+    restart_at: float | None = None
+
+
+class Supervisor:
+    """Keeps ``up``'s children running: one that dies is restarted after a backoff, and
+    said so, while the others stay up; :meth:`stop` stops them all, by pid.
+
+    Each child runs in a process group of its own, so that a restart or a stop reaches what
+    the child forked too (uvicorn's worker processes), and a Ctrl-C in the terminal reaches
+    only ``up``, which then stops the children in order.
+    """
+
+    def __init__(
+        self,
+        env: dict[str, str],
+        say: Callable[[str], None],
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.env = env
+        self.say = say
+        self.on_change = on_change
+        self.children: list[_Child] = []
+        self._hook = _die_with_parent()
+
+    def start(self, name: str, argv: list[str]) -> None:
+        child = _Child(name, argv)
+        self.children.append(child)
+        self._spawn(child)
+        self.say(f"{name} started (pid {self._pid(child)})")
+
+    def pids(self) -> dict[str, int]:
+        return {c.name: c.proc.pid for c in self.children if c.proc is not None}
+
+    def check(self) -> None:
+        """Reap children that died and restart those whose backoff is over; raises
+        :class:`CliError` for a child that keeps dying."""
+        now = time.monotonic()
+        for child in self.children:
+            code = child.proc.poll() if child.proc is not None else None
+            if child.proc is not None and code is not None:
+                pid = child.proc.pid
+                self._signal_group(pid, signal.SIGKILL)  # what it forked dies with it
+                child.proc = None
+                lived = now - child.started_at
+                child.quick_exits = child.quick_exits + 1 if lived < STABLE_SECONDS else 1
+                if child.quick_exits > len(RESTART_DELAYS):
+                    raise CliError(
+                        f"the {child.name} (pid {pid}) {_how_it_ended(code)}, its "
+                        f"{child.quick_exits}th exit within {STABLE_SECONDS:.0f} s of starting; "
+                        "stopping (its output is above)"
+                    )
+                delay = RESTART_DELAYS[child.quick_exits - 1]
+                self.say(
+                    f"{child.name} (pid {pid}) {_how_it_ended(code)}; restarting in {delay:g} s"
+                )
+                child.restart_at = now + delay
+            if child.proc is None and child.restart_at is not None and now >= child.restart_at:
+                self._spawn(child)
+                self.say(f"{child.name} restarted (pid {self._pid(child)})")
+                self.on_change()
+
+    def stop(self) -> None:
+        """SIGTERM every child's group (the last started first), then SIGKILL what is left
+        after :data:`STOP_SECONDS`."""
+        running = [c.proc for c in reversed(self.children) if c.proc is not None]
+        for proc in running:
+            if proc.poll() is None:
+                self._signal_group(proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        for proc in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            self._signal_group(proc.pid, signal.SIGKILL)
+            proc.wait()
+        for child in self.children:
+            child.proc = None
+            child.restart_at = None
+
+    def _spawn(self, child: _Child) -> None:
+        child.proc = subprocess.Popen(
+            child.argv,
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            process_group=0,
+            preexec_fn=self._hook,  # `up` has no threads when it forks
+        )
+        child.started_at = time.monotonic()
+        child.restart_at = None
+
+    @staticmethod
+    def _pid(child: _Child) -> int:
+        assert child.proc is not None
+        return child.proc.pid
+
+    @staticmethod
+    def _signal_group(pgid: int, sig: signal.Signals) -> None:
+        # The group's id is the child's pid, which is not reused while the group has members.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, sig)
+
+
+def _client_host(host: str) -> str:
+    """Where a client on this machine reaches an API listening on ``host``."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
+
+
+def _check_port(host: str, port: int) -> None:
+    """Fail at once on a port in use, rather than after the API's restarts run out."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CliError(
+                f"cannot serve on {host}:{port} ({exc.strerror}): stop what uses it, or pass --port"
+            ) from exc
+
+
+def _wait_for_api(supervisor: Supervisor, url: str, timeout: float = 180.0) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        supervisor.check()
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise CliError(f"the API did not answer {url}/healthz within {timeout:.0f} s")
+        time.sleep(0.2)
+
+
+def _key_works(url: str, key: str) -> bool:
+    import httpx
+
+    try:
+        answer = httpx.get(f"{url}/runs", params={"limit": 1}, headers=_auth(key), timeout=10)
+    except httpx.HTTPError:
+        return False
+    return answer.status_code == 200
 
 
 @app.command()
 def up(
     host: str = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535)] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
     api_workers: Annotated[int, typer.Option(min=1)] = 1,
 ) -> None:
     """Start what is needed (embedded PostgreSQL/Redis when no URL is set), migrate, then
-    serve the API and one worker in the foreground; Ctrl-C or SIGTERM stops everything."""
-    from app.core.settings import get_settings
+    serve the API and one worker in the foreground, restarting either if it dies.
 
-    settings = get_settings()
-    home = settings.home.resolve()
+    Leaves the API's URL and an API key (project 'default') in `<home>/up.json`, where the
+    other commands find them. Ctrl-C or SIGTERM stops everything it started."""
+    import psutil
+
+    from app.core.services import (
+        Installation,
+        read_state,
+        state_files,
+        write_state,
+    )
+
+    settings = _settings()
+    home = settings.home.expanduser().resolve()
+    paths = state_files(settings)
+    previous = read_state(paths[0])
+    if previous is not None and previous.running():
+        raise CliError(
+            f"trainyard up is already running for {home} (pid {previous.pid}, API at "
+            f"{previous.api_url}); stop it first, or set TRAINYARD_HOME to another folder"
+        )
+    _check_port(host, port)
     started: list[Any] = []
-    env = dict(os.environ)
-    if settings.database_url:
-        db_url = settings.database_url
-    else:
-        from app.core.embedded import start_postgres
+    supervisor: Supervisor | None = None
+    state: Installation | None = None
 
-        pg = start_postgres(home)
-        started.append(pg)
-        db_url = pg.url
-        err.print(f"[dim]embedded PostgreSQL ({'started' if pg.started else 'reused'}) in {home}")
-    if settings.redis_url:
-        broker = settings.redis_url
-    else:
-        from app.core.embedded import start_redis
+    def say(message: str) -> None:
+        err.print(f"[dim]up:[/] {message}", highlight=False)
 
-        rd = start_redis(home)
-        started.append(rd)
-        broker = rd.url
-        err.print(f"[dim]embedded Redis ({'started' if rd.started else 'reused'}) in {home}")
-    env.update(TRAINYARD_DATABASE_URL=db_url, TRAINYARD_REDIS_URL=broker, TRAINYARD_HOME=str(home))
-    children: list[subprocess.Popen[bytes]] = []
+    def save() -> None:
+        if state is not None:
+            for path in paths:
+                write_state(path, state)
 
-    def shutdown(*_: object) -> None:
-        for child in children:
-            if child.poll() is None:
-                child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 15
-        for child in children:
-            try:
-                child.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-        for service in started:
-            if service.started:
-                service.stop()
+    def on_change() -> None:
+        nonlocal state
+        if state is not None and supervisor is not None:
+            state = replace(state, children=supervisor.pids())
+            save()
 
     def interrupted(*_: object) -> None:
-        raise KeyboardInterrupt  # SIGTERM stops everything the way Ctrl-C does
+        raise KeyboardInterrupt  # SIGTERM (and a closed terminal) stop the way Ctrl-C does
 
     signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGHUP, interrupted)
     try:
+        if settings.database_url:
+            db_url = settings.database_url
+        else:
+            from app.core.embedded import start_postgres
+
+            pg = start_postgres(home)
+            started.append(pg)
+            db_url = pg.url
+            say(f"embedded PostgreSQL ({'started' if pg.started else 'reused'}) in {home}")
+        if settings.redis_url:
+            broker = settings.redis_url
+        else:
+            from app.core.embedded import start_redis
+
+            rd = start_redis(home)
+            started.append(rd)
+            broker = rd.url
+            say(f"embedded Redis ({'started' if rd.started else 'reused'}) in {home}")
+        env = {
+            **os.environ,
+            "TRAINYARD_DATABASE_URL": db_url,
+            "TRAINYARD_REDIS_URL": broker,
+            "TRAINYARD_HOME": str(home),
+        }
         _upgrade(db_url)
+        supervisor = Supervisor(env, say, on_change)
         exe = [sys.executable, "-m", "app.cli"]
-        children.append(
-            subprocess.Popen(
-                [*exe, "api", "--host", host, "--port", str(port), "--workers", str(api_workers)],
-                env=env,
-            )
+        api_argv = ["api", "--host", host, "--port", str(port), "--workers", str(api_workers)]
+        supervisor.start("api", [*exe, *api_argv])
+        supervisor.start("worker", [*exe, "worker"])
+        url = f"http://{_client_host(host)}:{port}"
+        _wait_for_api(supervisor, url)
+
+        if previous is not None and previous.api_key and _key_works(url, previous.api_key):
+            key_id, key = previous.api_key_id, previous.api_key
+        else:
+            made_id, key = _create_key(db_url, UP_PROJECT, "trainyard up")
+            key_id = made_id
+        me = psutil.Process()
+        state = Installation(
+            home=str(home),
+            api_url=url,
+            database_url=db_url,
+            broker_url=broker,
+            pid=me.pid,
+            process_started=me.create_time(),
+            api_key=key,
+            api_key_id=key_id,
+            children=supervisor.pids(),
         )
-        children.append(subprocess.Popen([*exe, "worker"], env=env))
-        err.print(f"[bold green]Trainyard is up[/] on http://{host}:{port}  (Ctrl-C stops it)")
-        err.print(f"[dim]create a key: trainyard keys create --project NAME   (home {home})")
-        while all(child.poll() is None for child in children):
-            time.sleep(0.5)
-        failed = [c for c in children if c.poll() not in (None, 0)]
-        if failed:
-            err.print(f"[red]a child process exited with {failed[0].returncode}; stopping")
-            raise typer.Exit(1)
+        save()
+        err.print(f"[bold green]Trainyard is up[/] on {url}  (Ctrl-C stops it)", highlight=False)
+        err.print(
+            f"API key (project {UP_PROJECT!r}): {key}\n"
+            f"[dim]saved in {' and '.join(map(str, paths))}: `trainyard runs …` in another "
+            "terminal uses it; `trainyard keys create --project NAME` makes more",
+            highlight=False,
+        )
+        while True:
+            supervisor.check()
+            time.sleep(0.2)
     except KeyboardInterrupt:
-        err.print("stopping…")
+        say("stopping…")
     finally:
-        shutdown()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        try:
+            if supervisor is not None:
+                supervisor.stop()
+            if state is not None:
+                stopped = state.stopped()
+                for path in paths:
+                    current = read_state(path)
+                    if current is None or current.pid == state.pid:  # not another up's
+                        write_state(path, stopped)
+            # Reused ones too: with no other `up` for this home (checked above), a server
+            # already running there was left by an `up` that crashed.
+            for service in started:
+                service.stop()
+        finally:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@app.command()
+def status(
+    as_json: Json = False,
+    key: Annotated[bool, typer.Option("--key", help="Print only its API key.")] = False,
+) -> None:
+    """Say whether a `trainyard up` is running, and where its parts are."""
+    from app.core.services import find_installation, no_installation
+
+    settings = _settings()
+    found = find_installation(settings)
+    if found is None:
+        raise no_installation(settings)
+    if key:
+        if not found.api_key:
+            raise CliError("the running `trainyard up` has no key yet")
+        print(found.api_key, flush=True)
+        return
+    if as_json:
+        _print_json(asdict(found))
+        return
+    children = ", ".join(f"{name} pid {pid}" for name, pid in found.children.items())
+    print(f"up:       pid {found.pid} ({children})")
+    print(f"api:      {found.api_url}")
+    print(f"home:     {found.home}")
+    print(f"database: {_safe_url(found.database_url)}")
+    print(f"broker:   {found.broker_url}")
+    print(f"key:      {found.api_key or '(none)'}")
 
 
 @app.command()
@@ -222,32 +579,67 @@ def demo(
 
 @app.command("tiny-model")
 def tiny_model(
-    path: Annotated[Path, typer.Argument(help="Folder to write the model and tokenizer to.")],
+    path: Annotated[
+        Path | None,
+        typer.Argument(help="Folder to write to. Default: `<home>/models/tiny-llama`."),
+    ] = None,
     seed: int = 0,
 ) -> None:
-    """Build the tiny Llama and tokenizer used by the demo and the tests (no hub access)."""
-    from workers.ml.tiny_model import build_tiny_model
+    """Build the tiny Llama and tokenizer used by the demo and the tests (no hub access);
+    prints the folder's absolute path, which a run's model_name can take as it is."""
+    if path is None:
+        from app.core.services import find_installation
 
-    build_tiny_model(path, seed=seed)
-    err.print(f"tiny model written to {path}")
+        settings = _settings()
+        found = find_installation(settings)
+        home = Path(found.home) if found else settings.home.expanduser().resolve()
+        path = home / "models" / "tiny-llama"
+    path = path.expanduser().resolve()
+    # Built by the workers' code, in a process of its own (it imports torch).
+    subprocess.run(
+        [sys.executable, "-m", "workers", "tiny-model", str(path), str(seed)], check=True
+    )
+    err.print(f"tiny model written to {path}", highlight=False)
+    print(path, flush=True)
 
 
-# -- keys ----------------------------------------------------------------------------------
+# -- keys and data, straight from the database ------------------------------------------------
 
 
-@keys_app.command("create")
-def keys_create(
-    project: Annotated[str, typer.Option(help="Project name; created if it does not exist.")],
-    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
-) -> None:
-    """Create an API key. The key is printed alone on the last line of stdout, once."""
+def _safe_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return "<the configured database URL>"
+
+
+def _on_database(url: str, work: Callable[[], T]) -> T:
+    """Run ``work`` and say in one line what to do when the database is not usable."""
+    import asyncpg
+    import sqlalchemy.exc
+
+    try:
+        return work()
+    except (OSError, asyncpg.PostgresError, sqlalchemy.exc.DBAPIError) as exc:
+        orig = getattr(exc, "orig", None)
+        causes = (exc, orig, getattr(orig, "__cause__", None))
+        if any(getattr(c, "sqlstate", None) == "42P01" for c in causes):  # undefined_table
+            raise CliError(
+                f"the database {_safe_url(url)} has no Trainyard tables: run `trainyard db "
+                "upgrade` with TRAINYARD_DATABASE_URL set to it"
+            ) from exc
+        reason = " ".join(str(orig or exc).split())
+        raise CliError(f"cannot use the database {_safe_url(url)}: {reason}") from exc
+
+
+def _create_key(db_url: str, project: str, name: str | None) -> tuple[str, str]:
     from app.auth.service import create_key, get_or_create_project
     from app.core.db import make_engine, make_sessionmaker, session_scope
-    from app.core.services import database_url
-    from app.core.settings import get_settings
 
     async def _create() -> tuple[str, str]:
-        engine = make_engine(database_url(get_settings()), pool_size=1)
+        engine = make_engine(db_url, pool_size=1)
         try:
             async with session_scope(make_sessionmaker(engine)) as session:
                 proj = await get_or_create_project(session, project)
@@ -256,7 +648,22 @@ def keys_create(
         finally:
             await engine.dispose()
 
-    key_id, plain = asyncio.run(_create())
+    return _on_database(db_url, lambda: asyncio.run(_create()))
+
+
+@keys_app.command("create")
+def keys_create(
+    project: Annotated[str, typer.Option(help="Project name; created if it does not exist.")],
+    name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Create an API key. The key is printed alone on the last line of stdout, once."""
+    from app.core.services import client_database_url
+
+    key_id, plain = _create_key(client_database_url(_settings()), project, name)
+    if as_json:
+        _print_json({"id": key_id, "project": project, "name": name, "key": plain})
+        return
     err.print(f"key {key_id} for project {project!r} (shown once; store it now):")
     print(plain, flush=True)
 
@@ -268,49 +675,151 @@ def keys_revoke(key_id: str) -> None:
 
     from app.auth.service import revoke_key
     from app.core.db import make_engine, make_sessionmaker, session_scope
-    from app.core.services import database_url
-    from app.core.settings import get_settings
+    from app.core.services import client_database_url
+
+    try:
+        parsed = uuid.UUID(key_id)
+    except ValueError:
+        raise CliError(f"{key_id!r} is not a key id (a UUID, as `keys create` prints)") from None
+    db_url = client_database_url(_settings())
 
     async def _revoke() -> bool:
-        engine = make_engine(database_url(get_settings()), pool_size=1)
+        engine = make_engine(db_url, pool_size=1)
         try:
             async with session_scope(make_sessionmaker(engine)) as session:
-                return await revoke_key(session, uuid.UUID(key_id))
+                return await revoke_key(session, parsed)
         finally:
             await engine.dispose()
 
-    if not asyncio.run(_revoke()):
-        err.print("no such active key")
-        raise typer.Exit(1)
+    if not _on_database(db_url, lambda: asyncio.run(_revoke())):
+        raise CliError(f"no active key {key_id}")
     err.print("revoked")
 
 
 # -- runs over HTTP --------------------------------------------------------------------------
 
-ApiUrl = Annotated[str, typer.Option(envvar="TRAINYARD_API_URL", help="API base URL.")]
-ApiKey = Annotated[str, typer.Option(envvar="TRAINYARD_API_KEY", help="API key.")]
+ApiUrl = Annotated[
+    str | None,
+    typer.Option(
+        envvar="TRAINYARD_API_URL",
+        help=f"API base URL. Default: the running `trainyard up`'s, else {DEFAULT_API_URL}.",
+    ),
+]
+ApiKey = Annotated[
+    str | None,
+    typer.Option(
+        envvar="TRAINYARD_API_KEY",
+        help="API key. Default: the key the running `trainyard up` made.",
+    ),
+]
 
 
-def _client(api_url: str, api_key: str) -> Any:
-    import httpx
-
-    return httpx.Client(
-        base_url=api_url.rstrip("/"),
-        headers={"Authorization": f"Bearer {api_key}"},
-        timeout=30,
-    )
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
 
 
-def _check(response: Any) -> Any:
-    if response.status_code >= 400:
+# What to do about an error status, beyond what the problem says.
+_HINTS = {
+    401: "check --api-key / TRAINYARD_API_KEY (`trainyard keys create --project NAME` makes a key)",
+}
+
+
+def problem_line(response: httpx.Response) -> str:
+    """One line for an error answer: status, title, detail and each field's error."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    fields: list[str] = []
+    if isinstance(body, dict):
+        title = str(body.get("title") or response.reason_phrase)
+        detail = body.get("detail")
+        for error in body.get("errors") or []:
+            if isinstance(error, dict):
+                one = f"{error.get('field')}: {error.get('message')}"
+                fields.append(one)
+                if detail in (one, error.get("message")):
+                    detail = None  # said once, with its field
+    else:
+        title, detail = response.reason_phrase, response.text.strip()[:300] or None
+    said = [f"{response.status_code} {title}"]
+    if detail and detail != title:
+        said.append(str(detail).rstrip("."))
+    said.extend(fields)
+    line = ": ".join(said[:2]) + "".join(f"; {f}" for f in said[2:])
+    if response.status_code == 429 and response.headers.get("Retry-After"):
+        line += f"; retry after {response.headers['Retry-After']} s"
+    if hint := _HINTS.get(response.status_code):
+        line += f"; {hint}"
+    return " ".join(line.split())
+
+
+class Api:
+    """The API a ``runs`` command talks to, found as the module docstring says."""
+
+    def __init__(self, api_url: str | None, api_key: str | None) -> None:
+        from app.core.services import find_installation
+
+        found = find_installation(_settings()) if not (api_url and api_key) else None
+        self.url = (api_url or (found.api_url if found else DEFAULT_API_URL)).rstrip("/")
+        key = api_key
+        # The up's key goes only to the up's API, never to a URL someone else typed.
+        if not key and found is not None and found.api_url.rstrip("/") == self.url:
+            key = found.api_key
+        if not key:
+            raise CliError(
+                "no API key: pass --api-key or set TRAINYARD_API_KEY (`trainyard keys create "
+                "--project NAME` makes one; a running `trainyard up` provides its own)"
+            )
+        self.key = key
+
+    def call(self, method: str, path: str, **kwargs: Any) -> Any:
+        """The JSON answer; a :class:`CliError` for an error answer or no answer."""
+        import httpx
+
         try:
-            problem = response.json()
-            detail = problem.get("detail") or problem.get("title")
-        except ValueError:
-            detail = response.text
-        err.print(f"[red]{response.status_code}[/] {detail}")
-        raise typer.Exit(1)
-    return response.json()
+            with httpx.Client(base_url=self.url, headers=_auth(self.key), timeout=30) as c:
+                response = c.request(method, path, **kwargs)
+        except httpx.ConnectError as exc:
+            raise CliError(
+                f"cannot reach the API at {self.url} ({exc}): is `trainyard up` running? "
+                "(or pass --api-url / set TRAINYARD_API_URL)"
+            ) from exc
+        except httpx.TimeoutException as exc:
+            raise CliError(f"the API at {self.url} did not answer within 30 s") from exc
+        except (httpx.HTTPError, httpx.InvalidURL) as exc:
+            raise CliError(f"talking to the API at {self.url} failed: {exc}") from exc
+        if response.status_code >= 400:
+            raise CliError(problem_line(response))
+        return response.json()
+
+
+def _looks_like_path(value: str) -> bool:
+    """A hub model id is ``name`` or ``org/name``; anything else with a slash, or starting
+    with a dot or a tilde, can only be a folder."""
+    return value.startswith((".", "~", "/")) or value.count("/") > 1 or value.endswith("/")
+
+
+def local_model_path(value: str, bases: Sequence[Path], where: str) -> str:
+    """``model_name`` made absolute against the first of ``bases`` holding it, since the
+    worker reads it from another working directory; a hub id is left as it is."""
+    path = Path(value).expanduser()
+    if path.is_absolute():
+        return str(path)
+    for base in bases:
+        if (base / path).is_dir():
+            return str((base / path).resolve())
+    if _looks_like_path(value):
+        tried = " or ".join(str(b) for b in dict.fromkeys(bases))
+        raise CliError(
+            f"model_name {value!r} ({where}) is not a folder in {tried}: give an absolute path "
+            "(`trainyard tiny-model` builds the tiny model and prints its path)"
+        )
+    return value
+
+
+def _model_override(overrides: list[str]) -> bool:
+    return any(item.partition("=")[0].strip() == "model_name" for item in overrides)
 
 
 @runs_app.command("create")
@@ -319,63 +828,133 @@ def runs_create(
     overrides: Annotated[
         list[str] | None, typer.Argument(help="Dotted overrides: a.b=value.")
     ] = None,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
-    api_key: ApiKey = "",
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
     idempotency_key: Annotated[str | None, typer.Option()] = None,
+    as_json: Json = False,
 ) -> None:
-    """Create a run from a preset file (plus overrides); prints the run as JSON."""
+    """Create a run from a preset file (plus overrides); prints the run's id (the run with
+    --json). A relative model_name is a folder next to the preset or in the current folder
+    (an override's: in the current folder) and is sent as an absolute path."""
+    import yaml
+
     from app.core.config_files import apply_overrides, load_preset
 
-    body = apply_overrides(load_preset(preset), overrides or [])
+    overrides = overrides or []
+    try:
+        loaded = load_preset(preset)
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise CliError(f"{preset}: {exc}", code=2) from exc
+    try:
+        body = apply_overrides(loaded, overrides)
+    except ValueError as exc:
+        raise CliError(str(exc), code=2) from exc
+    if isinstance(body.get("model_name"), str):
+        cwd = Path.cwd()
+        if _model_override(overrides):
+            bases, where = [cwd], "from the override"
+        else:
+            bases, where = [preset.resolve().parent, cwd], f"from {preset}"
+        body["model_name"] = local_model_path(body["model_name"], bases, where)
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
-    with _client(api_url, api_key) as client:
-        run = _check(client.post("/runs", json=body, headers=headers))
-    print(json.dumps(run, indent=2))
+    run = Api(api_url, api_key).call("POST", "/runs", json=body, headers=headers)
+    if as_json:
+        _print_json(run)
+        return
+    err.print(f"run {run['id']} created ({run['status']}): `trainyard runs get {run['id']}`")
+    print(run["id"], flush=True)
+
+
+def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """Plain columns, nothing cut: ids must stay whole to be pasted."""
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    lines = [headers, *rows]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
 
 
 @runs_app.command("list")
 def runs_list(
-    status: Annotated[list[str] | None, typer.Option()] = None,
-    limit: int = 20,
-    api_url: ApiUrl = "http://127.0.0.1:8000",
-    api_key: ApiKey = "",
+    status: Annotated[list[str] | None, typer.Option(help="Repeatable.")] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 20,
+    after: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    as_json: Json = False,
 ) -> None:
-    """List runs, newest first."""
+    """List runs, newest first (the whole page with --json)."""
     params: dict[str, Any] = {"limit": limit}
     if status:
         params["status"] = status
-    with _client(api_url, api_key) as client:
-        page = _check(client.get("/runs", params=params))
-    table = Table("id", "status", "step", "model", "created")
-    for run in page["data"]:
-        table.add_row(
-            run["id"], run["status"], str(run["step"]), run["model_name"], run["created_at"]
-        )
-    out.print(table)
+    if after:
+        params["after"] = after
+    page = Api(api_url, api_key).call("GET", "/runs", params=params)
+    if as_json:
+        _print_json(page)
+        return
+    rows = [
+        [r["id"], r["status"], str(r["step"]), r["model_name"], r["created_at"]]
+        for r in page["data"]
+    ]
+    print(_table(["id", "status", "step", "model", "created"], rows), flush=True)
+    if page.get("has_more"):
+        err.print(f"[dim]more: --after {page['next_cursor']}", highlight=False)
 
 
 @runs_app.command("get")
-def runs_get(run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = "") -> None:
-    """Print one run as JSON."""
-    with _client(api_url, api_key) as client:
-        print(json.dumps(_check(client.get(f"/runs/{run_id}")), indent=2))
+def runs_get(
+    run_id: str, api_url: ApiUrl = None, api_key: ApiKey = None, as_json: Json = False
+) -> None:
+    """Print one run (all of it with --json)."""
+    run = Api(api_url, api_key).call("GET", f"/runs/{run_id}")
+    if as_json:
+        _print_json(run)
+        return
+    for name, value in run.items():
+        if value is not None and not isinstance(value, dict | list):
+            print(f"{name}: {value}")
+    if run.get("metrics"):
+        print("metrics: " + json.dumps(run["metrics"]))
+    err.print("[dim](--json prints the whole run)")
+
+
+def _action(
+    action: str, run_id: str, api_url: str | None, api_key: str | None, as_json: bool
+) -> None:
+    run = Api(api_url, api_key).call("POST", f"/runs/{run_id}/{action}")
+    if as_json:
+        _print_json(run)
+        return
+    # A live run's worker applies cancel and pause at its next heartbeat.
+    flag = {"cancel": "cancel_requested", "pause": "pause_requested"}.get(action)
+    requested = flag is not None and run.get(flag) and run["status"] not in ("cancelled", "paused")
+    err.print(f"run {run['id']}: {run['status']}" + (f" ({action} requested)" if requested else ""))
 
 
 @runs_app.command("cancel")
 def runs_cancel(
-    run_id: str, api_url: ApiUrl = "http://127.0.0.1:8000", api_key: ApiKey = ""
+    run_id: str, api_url: ApiUrl = None, api_key: ApiKey = None, as_json: Json = False
 ) -> None:
     """Cancel a run."""
-    with _client(api_url, api_key) as client:
-        run = _check(client.post(f"/runs/{run_id}/cancel"))
-    err.print(
-        f"run {run['id']}: {run['status']}"
-        + (
-            " (cancel requested)"
-            if run["cancel_requested"] and run["status"] != "cancelled"
-            else ""
-        )
-    )
+    _action("cancel", run_id, api_url, api_key, as_json)
+
+
+@runs_app.command("pause")
+def runs_pause(
+    run_id: str, api_url: ApiUrl = None, api_key: ApiKey = None, as_json: Json = False
+) -> None:
+    """Pause a run at its next safe point."""
+    _action("pause", run_id, api_url, api_key, as_json)
+
+
+@runs_app.command("resume")
+def runs_resume(
+    run_id: str, api_url: ApiUrl = None, api_key: ApiKey = None, as_json: Json = False
+) -> None:
+    """Put a paused run back in the queue."""
+    _action("resume", run_id, api_url, api_key, as_json)
 
 
 # -- training data from the database ---------------------------------------------------------
@@ -390,24 +969,34 @@ def data_export(
     status: Annotated[list[str] | None, typer.Option(help="The run's status.")] = None,
     min_reward: float | None = None,
     max_reward: float | None = None,
-    since: Annotated[str | None, typer.Option(help="ISO date or datetime.")] = None,
-    until: Annotated[str | None, typer.Option(help="ISO date or datetime (inclusive).")] = None,
+    since: Annotated[
+        str | None, typer.Option(help="ISO date, or date and time (no zone: UTC).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="ISO date, or date and time (no zone: UTC); inclusive.")
+    ] = None,
     limit: Annotated[int | None, typer.Option(min=1)] = None,
     messages: Annotated[bool, typer.Option(help="Include the messages.")] = True,
 ) -> None:
     """Export trajectories matching the filters as JSON Lines."""
-    from datetime import date, datetime
-
+    from app.core.services import client_database_url
+    from app.core.time import parse_day_or_instant
     from app.training_data import TrainingDataError, export_jsonl
 
-    def when(value: str | None) -> date | datetime | None:
+    def when(option: str, value: str | None) -> Any:
         if value is None:
             return None
-        return date.fromisoformat(value) if len(value) == 10 else datetime.fromisoformat(value)
+        try:
+            return parse_day_or_instant(value)
+        except ValueError as exc:
+            raise CliError(f"--{option} {value!r}: {exc}", code=2) from exc
 
-    try:
-        written = export_jsonl(
-            None,
+    start, end = when("since", since), when("until", until)
+    db_url = client_database_url(_settings())
+
+    def _export() -> int:
+        return export_jsonl(
+            db_url,
             sys.stdout if str(output) == "-" else output,
             projects=project,
             run_ids=run_id,
@@ -415,14 +1004,16 @@ def data_export(
             statuses=status,
             min_reward=min_reward,
             max_reward=max_reward,
-            start_date=when(since),
-            end_date=when(until),
+            start_date=start,
+            end_date=end,
             limit=limit,
             include_messages=messages,
         )
-    except (TrainingDataError, ValueError) as exc:
-        err.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+
+    try:
+        written = _on_database(db_url, _export)
+    except TrainingDataError as exc:
+        raise CliError(str(exc), code=2) from exc
     err.print(f"{written} trajectories exported")
 
 
@@ -431,15 +1022,30 @@ def data_import(
     source: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="JSONL file.")],
     project: Annotated[str, typer.Option(help="Project name or id to import into.")],
     learning_key: Annotated[str | None, typer.Option(help="Key for every imported run.")] = None,
+    as_json: Json = False,
 ) -> None:
     """Import a trajectory JSONL file into a project, all or nothing."""
+    from app.core.services import client_database_url
     from app.training_data import TrainingDataError, import_jsonl
 
+    db_url = client_database_url(_settings())
+
+    def _import() -> Any:
+        return import_jsonl(db_url, source, project=project, learning_key=learning_key)
+
     try:
-        result = import_jsonl(None, source, project=project, learning_key=learning_key)
+        result = _on_database(db_url, _import)
     except TrainingDataError as exc:
-        err.print(f"[red]{exc}[/red]")
-        raise typer.Exit(2) from exc
+        raise CliError(str(exc), code=2) from exc
+    if as_json:
+        _print_json(
+            {
+                "project_id": str(result.project_id),
+                "trajectories": result.trajectories,
+                "run_ids": {k: str(v) for k, v in result.run_ids.items()},
+            }
+        )
+        return
     err.print(f"{result.trajectories} trajectories imported into {len(result.run_ids)} run(s)")
 
 

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from app.core.config_files import apply_overrides, load_preset
+from app.core.services import STATE_FILE, Installation, read_state
 
 console = Console(stderr=True)
 SPARK = "▁▂▃▄▅▆▇█"
@@ -44,18 +45,17 @@ def _cli(*args: str, env: dict[str, str]) -> str:
     return done.stdout
 
 
-def _wait_ready(base: str, up: subprocess.Popen[bytes], timeout: float = 120) -> None:
+def _wait_up(home: Path, up: subprocess.Popen[bytes], timeout: float = 180) -> Installation:
+    """The state `up` writes once its API answers and its key exists."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if up.poll() is not None:
             raise SystemExit(f"trainyard up exited with {up.returncode}; see its log")
-        try:
-            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit("the API did not become ready in time")
+        found = read_state(home / STATE_FILE)
+        if found is not None and found.pid == up.pid and found.api_key:
+            return found
+        time.sleep(0.2)
+    raise SystemExit("trainyard up did not start in time; see its log")
 
 
 def follow(client: httpx.Client, run: dict[str, Any]) -> dict[str, Any]:
@@ -120,9 +120,7 @@ def run_demo(port: int, preset: Path, overrides: list[str]) -> int:
         stderr=subprocess.STDOUT,
     )
     try:
-        _wait_ready(base, up)
-        key = _cli("keys", "create", "--project", "demo", "--name", "demo", env=env).strip()
-        key = key.splitlines()[-1]
+        key = _wait_up(home, up).api_key
         body = apply_overrides(load_preset(preset), [f"model_name={model}", *overrides])
         with httpx.Client(
             base_url=base, headers={"Authorization": f"Bearer {key}"}, timeout=30

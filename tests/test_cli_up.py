@@ -1,101 +1,66 @@
-"""`trainyard up` from an empty folder: embedded PostgreSQL and Redis, API and a worker; a
-key from `trainyard keys create` creates, lists, fetches and cancels a run over HTTP with
-the `trainyard runs` commands; SIGTERM stops everything it started."""
+"""`trainyard up` from an empty folder: embedded PostgreSQL and Redis, API and a worker, kept
+running (a killed child comes back, the rest stays up), found by the other commands from any
+folder without exports; SIGTERM stops everything it started."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
-import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.cli import TICKING, Up, cli, scratch, servers_under, user_env, wait_for
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """Not pytest's tmp_path: see :func:`tests.cli.support.scratch`."""
+    with scratch() as path:
+        yield path
 
 
-def _cli(*args: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+def _status(base: str, key: str, run_id: str) -> str:
+    answer = httpx.get(f"{base}/runs/{run_id}", headers={"Authorization": f"Bearer {key}"})
+    return str(answer.raise_for_status().json()["status"])
 
 
-def _servers_under(folder: Path) -> list[psutil.Process]:
-    found = []
-    for proc in psutil.process_iter(["name", "status"]):
-        try:
-            if proc.info["status"] == psutil.STATUS_ZOMBIE:
-                continue
-            if Path(proc.cwd()).is_relative_to(folder):
-                found.append(proc)
-        except (psutil.Error, OSError):
-            continue
-    return found
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 @pytest.mark.slow
-def test_up_serves_the_api_on_embedded_services(tmp_path: Path) -> None:
-    home = tmp_path / "proj"
-    home.mkdir()
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in {"TRAINYARD_DATABASE_URL", "TRAINYARD_REDIS_URL", "TRAINYARD_HOME"}
-    }
-    env.update(
-        PYTHONPATH=str(ROOT),
-        PYTHONUNBUFFERED="1",
-        # A worker that stays in `collecting` long enough for the cancel to find it there.
-        TRAINYARD_PIPELINE="tests.workers.pipelines:ticking",
-        TRAINYARD_HEARTBEAT_SECONDS="0.5",
-    )
-    port = _free_port()
-    log = (tmp_path / "up.log").open("wb")
-    up = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "up", "--port", str(port)],
-        cwd=home,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
+def test_up_serves_the_api_and_other_folders_find_it(folder: Path) -> None:
+    proj, elsewhere = folder / "proj", folder / "elsewhere"
+    proj.mkdir()
+    elsewhere.mkdir()
+    env = user_env(folder / "user", TRAINYARD_PIPELINE=TICKING, TRAINYARD_HEARTBEAT_SECONDS="0.5")
+    up = Up(proj, env, folder / "up.log")
     try:
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert up.poll() is None, (tmp_path / "up.log").read_text()
-            assert time.monotonic() < deadline, (tmp_path / "up.log").read_text()
-            time.sleep(0.3)
+        state = up.start()
+        base = state["api_url"]
+        assert base == f"http://127.0.0.1:{up.port}" and state["api_key"].startswith("ty_")
+        # The same state where a terminal in any other folder looks for it.
+        assert json.loads((folder / "user" / ".trainyard" / "up.json").read_text()) == state
+        assert state["api_key"] in up.output()
 
-        made = _cli("keys", "create", "--project", "demo", cwd=home, env=env)
+        # From another folder, nothing exported: the up's database, not a new one there.
+        made = cli("keys", "create", "--project", "other", "--json", cwd=elsewhere, env=env)
         assert made.returncode == 0, made.stderr
-        key = made.stdout.strip().splitlines()[-1]
-        assert key.startswith("ty_")
+        other_key = json.loads(made.stdout)["key"]
+        assert httpx.get(
+            f"{base}/runs", headers={"Authorization": f"Bearer {other_key}"}
+        ).is_success
+        assert not (elsewhere / ".trainyard").exists() and not servers_under(elsewhere)
 
-        preset = home / "run.json"
+        preset = elsewhere / "run.json"
         preset.write_text(
             json.dumps(
                 {
@@ -107,45 +72,141 @@ def test_up_serves_the_api_on_embedded_services(tmp_path: Path) -> None:
                 }
             )
         )
-        api = ["--api-url", base, "--api-key", key]
-        created = _cli("runs", "create", str(preset), "config.tick=5", *api, cwd=home, env=env)
+        created = cli("runs", "create", str(preset), "config.tick=5", cwd=elsewhere, env=env)
         assert created.returncode == 0, created.stderr
-        run = json.loads(created.stdout)
-        assert run["status"] == "pending" and run["config"] == {"tick": 5}
+        run_id = created.stdout.strip()
+        got = cli("runs", "get", run_id, "--json", cwd=elsewhere, env=env)
+        run = json.loads(got.stdout)
+        assert run["id"] == run_id and run["config"] == {"tick": 5}
+        listed = cli("runs", "list", cwd=elsewhere, env=env)
+        assert listed.returncode == 0 and run_id in listed.stdout.split()
 
-        listed = _cli("runs", "list", *api, cwd=home, env=env)
-        assert listed.returncode == 0 and run["id"][:8] in listed.stdout
-        got = _cli("runs", "get", run["id"], *api, cwd=home, env=env)
-        assert json.loads(got.stdout)["id"] == run["id"]
-
-        headers = {"Authorization": f"Bearer {key}"}
-        deadline = time.monotonic() + 30
-        while (
-            httpx.get(f"{base}/runs/{run['id']}", headers=headers).json()["status"] != "collecting"
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-        cancelled = _cli("runs", "cancel", run["id"], *api, cwd=home, env=env)
+        key = state["api_key"]
+        wait_for("the run to be collecting", lambda: _status(base, key, run_id) == "collecting", 30)
+        cancelled = cli("runs", "cancel", run_id, cwd=elsewhere, env=env)
         assert cancelled.returncode == 0, cancelled.stderr
-        deadline = time.monotonic() + 10
-        while (
-            httpx.get(f"{base}/runs/{run['id']}", headers=headers).json()["status"] != "cancelled"
-        ):
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
-
-        bad = _cli("runs", "get", "not-a-uuid", *api, cwd=home, env=env)
-        assert bad.returncode == 1 and "422" in bad.stderr
-        assert _servers_under(home / ".trainyard")
+        wait_for("the cancel", lambda: _status(base, key, run_id) == "cancelled", 10)
+        assert servers_under(up.home)
     finally:
-        up.send_signal(signal.SIGTERM)
-        try:
-            up.wait(40)
-        finally:
-            if up.poll() is None:
-                os.killpg(up.pid, signal.SIGKILL)
-    assert up.returncode == 0, (tmp_path / "up.log").read_text()
-    deadline = time.monotonic() + 10
-    while _servers_under(home / ".trainyard"):
-        assert time.monotonic() < deadline, _servers_under(home / ".trainyard")
-        time.sleep(0.2)
+        code = up.stop()
+    assert code == 0, up.output()
+    wait_for("the embedded servers to stop", lambda: not servers_under(up.home), 10)
+    stopped = up.state(running=False)
+    assert stopped is not None and stopped["pid"] is None and stopped["api_key"] == key
+    after = cli("runs", "list", cwd=elsewhere, env=env)
+    assert after.returncode == 1 and len(after.stderr.splitlines()) == 1
+    assert "trainyard up" in after.stderr
+
+
+@pytest.mark.slow
+def test_a_killed_worker_or_api_is_restarted_and_the_rest_stays_up(folder: Path) -> None:
+    env = user_env(folder / "user", TRAINYARD_PIPELINE=TICKING, TRAINYARD_HEARTBEAT_SECONDS="0.5")
+    up = Up(folder, env, folder / "up.log")
+    children: set[int] = set()
+    try:
+        state = up.start()
+        base, key = state["api_url"], state["api_key"]
+        servers = _embedded_servers(up.home)
+        assert all(_alive(pid) for pid in servers)
+        worker, api = state["children"]["worker"], state["children"]["api"]
+        children |= {worker, api}
+
+        os.kill(worker, signal.SIGKILL)
+        state = wait_for(
+            "a new worker",
+            lambda: (s := up.state(running=True)) and s["children"]["worker"] != worker and s,
+            30,
+            up.log,
+        )
+        new_worker = state["children"]["worker"]
+        children.add(new_worker)
+        assert f"worker (pid {worker}) was killed by SIGKILL; restarting in 1 s" in up.output()
+        assert f"worker restarted (pid {new_worker})" in up.output()
+        # Nothing else went down with it.
+        assert state["children"]["api"] == api and _alive(api) and up.ready()
+        assert _embedded_servers(up.home) == servers and all(_alive(pid) for pid in servers)
+
+        # The new worker does the work.
+        created = cli("runs", "create", str(_preset(folder)), cwd=folder, env=env)
+        assert created.returncode == 0, created.stderr
+        run_id = created.stdout.strip()
+        wait_for(
+            "the worker to take the run", lambda: _status(base, key, run_id) == "generating", 30
+        )
+
+        os.kill(api, signal.SIGKILL)
+        state = wait_for(
+            "a new API",
+            lambda: (s := up.state(running=True)) and s["children"]["api"] != api and s,
+            30,
+            up.log,
+        )
+        children.add(state["children"]["api"])
+        wait_for("the new API to answer", up.ready, 60, up.log)
+        assert state["children"]["worker"] == new_worker and _alive(new_worker)
+        assert _status(base, key, run_id) == "generating"  # the worker kept the run
+        assert cli("runs", "cancel", run_id, cwd=folder, env=env).returncode == 0
+        wait_for("the cancel", lambda: _status(base, key, run_id) == "cancelled", 10)
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    assert not [pid for pid in children if _alive(pid)]
+    wait_for("the embedded servers to stop", lambda: not servers_under(up.home), 10)
+
+
+def _embedded_servers(home: Path) -> list[int]:
+    """The pids of the embedded PostgreSQL postmaster and Redis server."""
+    pidfiles = (home / "pg" / "postmaster.pid", home / "redis" / "redis.pid")
+    return [int(f.read_text().split()[0]) for f in pidfiles]
+
+
+def _preset(folder: Path) -> Path:
+    preset = folder / "run.yaml"
+    preset.write_text(
+        "model_name: tiny\ntask_description: say a\ninputs: [{input_text: a}]\nmax_steps: 50\n"
+        "reward: {type: function, functions: [{name: char_fraction}]}\nconfig: {tick: 30}\n"
+    )
+    return preset
+
+
+def test_up_on_a_port_in_use_says_so_and_starts_nothing(folder: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = cli("up", "--port", str(port), cwd=folder, env=user_env(folder / "user"))
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.splitlines() == [done.stderr.strip()] and "--port" in done.stderr
+    assert not (folder / ".trainyard").exists()
+
+
+@pytest.mark.slow
+def test_a_killed_up_takes_its_children_along_and_the_next_up_cleans_up(folder: Path) -> None:
+    env = user_env(folder / "user")
+    first = Up(folder, env, folder / "first.log")
+    try:
+        state = first.start()
+        servers = _embedded_servers(first.home)
+        assert first.proc is not None
+        first.proc.kill()
+        first.proc.wait()
+        wait_for(
+            "the API and the worker to die with their parent",
+            lambda: not any(_alive(pid) for pid in state["children"].values()),
+            30,
+        )
+    finally:
+        first.stop()
+    assert all(_alive(pid) for pid in servers)  # detached: they outlive `up`
+
+    second = Up(folder, env, folder / "second.log")
+    try:
+        again = second.start()
+        assert _embedded_servers(second.home) == servers and "(reused)" in second.output()
+        assert again["api_key"] == state["api_key"]  # the same key, still valid
+    finally:
+        code = second.stop()
+    assert code == 0, second.output()
+    wait_for("the embedded servers to stop", lambda: not servers_under(second.home), 10)

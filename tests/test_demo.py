@@ -5,21 +5,29 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.test_cli_up import ROOT, _free_port, _servers_under
+from tests.support.cli import ROOT, free_port, scratch, servers_under
+
+
+@pytest.fixture
+def folder() -> Iterator[Path]:
+    """Not pytest's tmp_path: see :func:`tests.cli.support.scratch`."""
+    with scratch() as path:
+        yield path
 
 
 @pytest.mark.slow
-def test_demo_runs_a_real_training_run_end_to_end(tmp_path: Path) -> None:
+def test_demo_runs_a_real_training_run_end_to_end(folder: Path) -> None:
     env = {
         k: v
         for k, v in os.environ.items()
         if k not in {"TRAINYARD_DATABASE_URL", "TRAINYARD_REDIS_URL", "TRAINYARD_BROKER_PREFIX"}
     }
-    env.update(PYTHONPATH=str(ROOT), TRAINYARD_HOME=str(tmp_path / "home"))
+    env.update(PYTHONPATH=str(ROOT), TRAINYARD_HOME=str(folder / "home"))
     done = subprocess.run(
         [
             sys.executable,
@@ -27,13 +35,13 @@ def test_demo_runs_a_real_training_run_end_to_end(tmp_path: Path) -> None:
             "app.cli",
             "demo",
             "--port",
-            str(_free_port()),
+            str(free_port()),
             "--preset",
             str(ROOT / "configs" / "runs" / "letters.yaml"),
             "max_steps=20",
             "grpo.save_steps=10",
         ],
-        cwd=tmp_path,
+        cwd=folder,
         env=env,
         capture_output=True,
         text=True,
@@ -46,4 +54,4 @@ def test_demo_runs_a_real_training_run_end_to_end(tmp_path: Path) -> None:
     assert "final model" in done.stderr
     final = next(line for line in done.stderr.splitlines() if "final model:" in line)
     assert Path(final.split("final model:")[1].strip(), "model.safetensors").is_file()
-    assert not _servers_under(tmp_path / "home")
+    assert not servers_under(folder / "home")

@@ -13,10 +13,12 @@ def utcnow() -> datetime:
 
 
 def as_utc(value: datetime) -> datetime:
-    """``value`` in UTC (naive: taken as UTC already). An instant Python cannot hold in UTC
-    (``0001-01-01T00:00+05:00`` is in year 0 there) is clamped to the first or last one it
-    can: every stored timestamp is inside those, so as a bound it means the same, and the
-    database driver, which converts to UTC, would otherwise fail the request."""
+    """``value`` in UTC; a naive one is UTC already. The API, the training-data library and
+    the CLI all read a time without a zone through this one function, so it means the same
+    everywhere. An instant Python cannot hold in UTC (``0001-01-01T00:00+05:00`` is in year
+    0 there) is clamped to the first or last one it can: every stored timestamp is inside
+    those, so as a bound it means the same, and the database driver, which converts to UTC,
+    would otherwise fail the request."""
     if value.tzinfo is None:
         return value.replace(tzinfo=UTC)
     try:
@@ -52,6 +54,12 @@ def _day_or_instant_text(value: Any) -> Any:
 
 def _utc_if_instant(value: date) -> date:
     return as_utc(value) if isinstance(value, datetime) else value
+
+
+def parse_day_or_instant(text: str) -> date | datetime:
+    """``2024-05-01`` as that day, or an ISO 8601 date and time in UTC (no zone: UTC), as
+    the API's :data:`DayOrInstant` reads it; ``ValueError`` saying what is expected."""
+    return _utc_if_instant(_day_or_instant_text(text))
 
 
 # A datetime query parameter: ISO 8601 text only, in UTC (no zone: UTC already).

@@ -15,6 +15,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Literal
 
 from app.core.sql import Where
+from app.core.time import as_utc
 from app.runs.status import RunStatus
 
 Order = Literal["newest", "oldest"]
@@ -100,12 +101,13 @@ def _reward(field: str, value: float | None) -> float | None:
 
 
 def _instant(field: str, value: datetime | date | None, *, end_of_day: bool) -> datetime | None:
-    """An aware datetime. A naive one is local time (as ``datetime.now()`` gives); a ``date``
-    starts at its midnight (UTC) and, as an end, lasts through its last microsecond."""
+    """An aware datetime in UTC. A naive one is UTC, as everywhere in Trainyard (the API's
+    query parameters too); a ``date`` starts at its midnight (UTC) and, as an end, lasts
+    through its last microsecond."""
     if value is None:
         return None
     if isinstance(value, datetime):
-        return value if value.tzinfo is not None else value.astimezone()
+        return as_utc(value)
     if isinstance(value, date):
         start = datetime.combine(value, time(), tzinfo=UTC)
         return start + timedelta(days=1, microseconds=-1) if end_of_day else start

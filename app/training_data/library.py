@@ -38,7 +38,7 @@ class TrajectoryFilters(TypedDict, total=False):
     - ``learning_key``: one key or several (the runs' grouping key).
     - ``statuses``: the run's current status (``"completed"``, ``"failed"``, …).
     - ``start_date`` / ``end_date``: when the trajectory was written, both inclusive; a naive
-      datetime is local time; an end ``date`` includes that whole day.
+      datetime is UTC (as in the REST API); an end ``date`` includes that whole day.
     - ``steps``: step numbers (a list, or a ``range``).
     """
 
@@ -68,10 +68,11 @@ class RunFilters(TypedDict, total=False):
 def _database_url(db: str | None) -> str:
     if db is not None:
         return db
-    from app.core.services import database_url
+    from app.core.services import client_database_url
     from app.core.settings import get_settings
 
-    return database_url(get_settings())
+    # The configured database or the running installation's; never a new embedded one.
+    return client_database_url(get_settings())
 
 
 async def open_connection(db_url: str | None = None) -> asyncpg.Connection:
