@@ -21,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from pydantic_core import PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.core.domain import Conflict, DomainError, InvalidInput, LimitReached, NotFound
+
 log = logging.getLogger(__name__)
 
 PROBLEM_JSON = "application/problem+json"
@@ -87,15 +89,13 @@ class Problem(Exception):
         self.detail = detail
         self.type = type_ or "about:blank"
         self.headers = headers
+        # Every field error says why, for programs (pydantic's generic kind by default).
         self.errors = (
-            [FieldError(field=field, message=detail or title, type=error_type)] if field else None
+            [FieldError(field=field, message=detail or title, type=error_type or "value_error")]
+            if field
+            else None
         )
         self.extra = extra
-
-
-class NotFound(Problem):
-    def __init__(self, what: str) -> None:
-        super().__init__(404, "Not Found", f"{what} not found.")
 
 
 def problem_response(
@@ -159,6 +159,42 @@ _STATUS_TITLES = {
 }
 
 
+# Each kind of domain error and its answer: the one place a rule's "no" becomes HTTP.
+_DOMAIN_STATUSES: tuple[tuple[type[DomainError], int], ...] = (
+    (NotFound, 404),
+    (Conflict, 409),
+    (InvalidInput, 422),
+    (LimitReached, 429),
+)
+
+
+def domain_problem(request: Request, exc: DomainError) -> JSONResponse:
+    status = next((code for kind, code in _DOMAIN_STATUSES if isinstance(exc, kind)), 500)
+    if status == 500:
+        return _internal_error(request)
+    headers = None
+    errors = None
+    if isinstance(exc, LimitReached) and exc.retry_after is not None:
+        headers = {"Retry-After": str(exc.retry_after)}
+    if isinstance(exc, InvalidInput):
+        errors = [FieldError(field=exc.field, message=exc.detail, type=exc.error_type)]
+    # Not found and field errors (told apart by errors[].type) are generic; kinds of
+    # problem of their own get a URI.
+    generic = isinstance(exc, InvalidInput | NotFound) or type(exc) in {
+        k for k, _ in _DOMAIN_STATUSES
+    }
+    return problem_response(
+        status,
+        exc.title or _STATUS_TITLES[status],
+        exc.detail,
+        type_="about:blank" if generic else TYPE_BASE + exc.code,
+        instance=request.url.path,
+        errors=errors,
+        headers=headers,
+        **exc.details(),
+    )
+
+
 # FastAPI's 400 for a JSON body its parser failed on other than by JSONDecodeError.
 _UNPARSABLE_BODY = "There was an error parsing the body"
 
@@ -176,6 +212,10 @@ def install_error_handlers(app: FastAPI) -> None:
             headers=exc.headers,
             **exc.extra,
         )
+
+    @app.exception_handler(DomainError)
+    async def _domain(request: Request, exc: DomainError) -> JSONResponse:
+        return domain_problem(request, exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

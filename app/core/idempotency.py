@@ -20,7 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import Field, SQLModel, col
 
 from app.core.columns import jsonb, timestamp
-from app.core.errors import KEY_REUSED, Problem
+from app.core.domain import InvalidInput
+from app.core.errors import KEY_REUSED
 from app.core.time import utcnow
 
 KEY_TTL = timedelta(hours=24)
@@ -61,8 +62,9 @@ async def record(
 ) -> bool:
     """Store the answer under ``key`` in the creating transaction; False if the key exists.
 
-    On False the caller rolls back what it created and answers with :func:`replay`. A
-    concurrent request with the same key blocks on the primary key until this one commits.
+    On False (a request with the same key committed first: a concurrent one blocks on the
+    primary key until the other ends) the caller rolls back what it created and answers
+    with :func:`replay`.
     """
     inserted = await conn.fetchval(
         "INSERT INTO idempotency_keys (project_id, key, request_hash, status_code, response)"
@@ -84,19 +86,20 @@ async def record(
 
 async def replay(
     conn: asyncpg.Connection, project_id: uuid.UUID, key: str, fingerprint: str
-) -> Replay:
-    """The first answer given under ``key``; 422 if that request had another body."""
+) -> Replay | None:
+    """The first answer given under ``key`` (None if the key is unused or expired); a 422
+    naming the header if that request had another body."""
     row = await conn.fetchrow(
         "SELECT request_hash, status_code, response FROM idempotency_keys"
-        " WHERE project_id = $1 AND key = $2",
+        " WHERE project_id = $1 AND key = $2 AND created_at >= now() - $3::interval",
         project_id,
         key,
+        KEY_TTL,
     )
-    assert row is not None, "replay() is only called after record() found the key"
+    if row is None:
+        return None
     if row["request_hash"] != fingerprint:
-        raise Problem(
-            422,
-            "Idempotency-Key reused with a different body",
+        raise InvalidInput(
             "This Idempotency-Key was first used with another request body; use a new key.",
             field="header.Idempotency-Key",
             error_type=KEY_REUSED,

@@ -12,7 +12,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
@@ -36,8 +36,11 @@ async def claim(
 ) -> tuple[Run, Fence] | None:
     """Take the run if nobody holds a live lease on it; None if it is not ours to run.
 
-    A run that has used up its attempts is failed here instead of being run again.
+    Taking over a lease that ran out counts a failure of the worker that held it; a run
+    whose failures reached ``max_attempts`` is failed here instead of being run again.
+    A run given back cleanly (paused, resumed, handed over) costs no attempt.
     """
+    taken_over = case((col(Run.lease_owner).is_not(None), 1), else_=0)
     claimed = (
         await session.execute(
             update(Run)
@@ -47,14 +50,13 @@ async def claim(
                 col(Run.cancel_requested).is_(False),
                 col(Run.pause_requested).is_(False),
                 (col(Run.lease_owner).is_(None)) | (col(Run.lease_expires_at) < func.now()),
-                col(Run.attempt) < max_attempts,
+                col(Run.failures) + taken_over < max_attempts,
             )
             .values(
                 lease_owner=owner,
                 lease_expires_at=func.now() + timedelta(seconds=ttl_seconds),
                 attempt=Run.attempt + 1,
-                version=Run.version + 1,
-                updated_at=func.now(),
+                failures=Run.failures + taken_over,
             )
             .returning(Run)
             .execution_options(synchronize_session=False, populate_existing=True)
@@ -66,27 +68,32 @@ async def claim(
                 run_id=run_id,
                 type="lease",
                 message=f"claimed by {owner} (attempt {claimed.attempt})",
-                data={"owner": owner, "attempt": claimed.attempt},
+                data={"owner": owner, "attempt": claimed.attempt, "failures": claimed.failures},
             )
         )
         return claimed, Fence(owner=owner, attempt=claimed.attempt)
 
-    run = await session.get(Run, run_id)
-    if (
-        run is not None
-        and run.status in CLAIMABLE
-        and run.attempt >= max_attempts
-        and not await lease_is_live(session, run_id)
-    ):
+    run = await session.get(Run, run_id, populate_existing=True)
+    if run is None or run.status not in CLAIMABLE or await lease_is_live(session, run_id):
+        return None
+    failures = run.failures + (run.lease_owner is not None)
+    if failures >= max_attempts:
         await transition(
             session,
             run_id,
             RunStatus.FAILED,
             expected=RunStatus(run.status),
-            error=f"gave up after {run.attempt} attempts: the worker died or lost its lease "
-            "on every attempt",
+            error=gave_up(failures),
+            values={"failures": failures},
         )
     return None
+
+
+def gave_up(failures: int) -> str:
+    return (
+        f"gave up after {failures} failed attempts: the worker died or lost its lease on "
+        "every attempt"
+    )
 
 
 async def lease_is_live(session: AsyncSession, run_id: uuid.UUID) -> bool:

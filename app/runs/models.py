@@ -81,8 +81,9 @@ class Run(SQLModel, table=True):
 
     step: int = 0
     epoch: int = 0
-    # Bumped by every change a client can see (status, flags, progress): the compare-and-
-    # set token and the ETag. Lease bookkeeping (renew, release, dispatch) leaves it alone.
+    # Bumped by PostgreSQL on every change a client can see (status, flags, progress): the
+    # compare-and-set token and the ETag. Lease bookkeeping (renew, release, dispatch)
+    # leaves it alone. Never written by the application (trigger runs_count_change, 0006).
     version: int = 1
     # Lease: which worker holds the run until when; attempt is the fencing token.
     lease_owner: str | None = Field(default=None, max_length=200)
@@ -90,6 +91,9 @@ class Run(SQLModel, table=True):
         default=None, sa_column=timestamp(nullable=True, default_now=False)
     )
     attempt: int = 0
+    # Leases that ran out without being given back (crashes, partitions): what the cap on
+    # attempts counts. Pauses, resumes and handovers are claims, not failures.
+    failures: int = 0
     # When a task for this run was last published; the reconciler re-publishes after a while.
     dispatched_at: datetime | None = Field(
         default=None, sa_column=timestamp(nullable=True, default_now=False)

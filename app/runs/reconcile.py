@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from app.events import service as events
+from app.runs.leases import gave_up
 from app.runs.models import Run
 from app.runs.state import TransitionConflict, transition
 from app.runs.status import CLAIMABLE, RunStatus
@@ -84,14 +85,15 @@ async def sweep(
                 )
                 result.paused.append(run.id)
                 continue
-            if run.attempt >= max_attempts and (expired or status != RunStatus.PENDING):
+            failures = run.failures + expired
+            if failures >= max_attempts:
                 await transition(
                     session,
                     run.id,
                     RunStatus.FAILED,
                     expected=status,
-                    error=f"gave up after {run.attempt} attempts: the worker died or lost its "
-                    "lease on every attempt",
+                    error=gave_up(failures),
+                    values={"failures": failures},
                 )
                 result.failed.append(run.id)
                 continue
@@ -109,7 +111,13 @@ async def sweep(
         await session.execute(
             update(Run)
             .where(col(Run.id) == run.id)
-            .values(dispatched_at=now, lease_owner=None, lease_expires_at=None)
+            .values(
+                dispatched_at=now,
+                lease_owner=None,
+                lease_expires_at=None,
+                # Its holder died or lost touch: that attempt failed.
+                failures=Run.failures + (1 if expired else 0),
+            )
         )
         result.dispatch.append(run.id)
     return result

@@ -4,19 +4,17 @@ import uuid
 from datetime import datetime
 from typing import Annotated
 
-import asyncpg
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
 from app.auth.deps import Caller
-from app.core import idempotency
 from app.core.deps import ReadSession, Session
-from app.core.errors import NotFound, problem_responses
-from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.errors import problem_responses
+from app.core.pagination import Paging, check_range, decode_cursor, make_page
 from app.core.settings import app_settings
 from app.core.storable import NO_NUL
 from app.core.time import Instant
-from app.runs import repository, service
+from app.runs import service
 from app.runs.models import Run
 from app.runs.schemas import RunCreate, RunPublic, RunsPage
 from app.runs.status import RunStatus
@@ -34,40 +32,20 @@ IdempotencyKey = Annotated[
 ]
 
 
-def _public(run: Run) -> RunPublic:
-    return RunPublic.model_validate(run)
-
-
-def _etag(run: RunPublic | Run) -> str:
+def _etag(run: RunPublic) -> str:
     return f'"{run.id.hex}-{run.version}"'
 
 
 def _run_response(
     run: RunPublic | Run, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    public = run if isinstance(run, RunPublic) else _public(run)
+    public = run if isinstance(run, RunPublic) else RunPublic.model_validate(run)
     return Response(
         public.model_dump_json(),
         status_code=status_code,
         media_type="application/json",
         headers={"ETag": _etag(public), **(headers or {})},
     )
-
-
-class _KeyTaken(Exception):
-    pass
-
-
-async def _key_answered(conn: asyncpg.Connection, project_id: uuid.UUID, key: str) -> bool:
-    """Whether ``key`` holds an answer that idempotency.record() would not take over."""
-    found = await conn.fetchval(
-        "SELECT true FROM idempotency_keys WHERE project_id = $1 AND key = $2"
-        " AND created_at >= now() - $3::interval",
-        project_id,
-        key,
-        idempotency.KEY_TTL,
-    )
-    return bool(found)
 
 
 @router.post(
@@ -93,45 +71,20 @@ async def create_run(
 
     A project with `max_active_runs_per_project` unfinished runs gets a 429 instead (a
     replay of an `Idempotency-Key` already answered is still replayed)."""
-    max_active = app_settings(request).max_active_runs_per_project
     async with request.app.state.pg.acquire() as conn:
-        if idempotency_key is None:
-            # One atomic statement (a short transaction when the cap is on).
-            run = RunPublic.model_validate(
-                await repository.insert_run(conn, caller.project_id, body, max_active=max_active)
-            )
-            return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
-        fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
-        try:
-            async with conn.transaction(isolation="read_committed"):
-                run = RunPublic.model_validate(
-                    await repository.insert_run(
-                        conn, caller.project_id, body, max_active=max_active
-                    )
-                )
-                stored = await idempotency.record(
-                    conn,
-                    caller.project_id,
-                    idempotency_key,
-                    fingerprint,
-                    202,
-                    run.model_dump(mode="json"),
-                )
-                if not stored:
-                    raise _KeyTaken  # roll back this run; answer as the first request was
-        except repository.ActiveRunLimit:
-            # At the cap, a retry of a create that went through must still get its answer.
-            if not await _key_answered(conn, caller.project_id, idempotency_key):
-                raise
-            replay = await idempotency.replay(conn, caller.project_id, idempotency_key, fingerprint)
-        except _KeyTaken:
-            replay = await idempotency.replay(conn, caller.project_id, idempotency_key, fingerprint)
-        else:
-            return _run_response(run, 202, {"Location": f"/runs/{run.id}"})
+        created = await service.create_run(
+            conn,
+            caller.project_id,
+            body,
+            max_active=app_settings(request).max_active_runs_per_project,
+            idempotency_key=idempotency_key,
+        )
+    if isinstance(created, RunPublic):
+        return _run_response(created, 202, {"Location": f"/runs/{created.id}"})
     return JSONResponse(
-        replay.response,
-        status_code=replay.status_code,
-        headers={"Location": f"/runs/{replay.response['id']}", "Idempotent-Replayed": "true"},
+        created.response,
+        status_code=created.status_code,
+        headers={"Location": f"/runs/{created.response['id']}", "Idempotent-Replayed": "true"},
     )
 
 
@@ -152,9 +105,13 @@ async def list_runs(
     created_before: Instant | None = None,
 ) -> dict[str, object]:
     """The project's runs, newest first."""
+    check_range("created_after", created_after, "created_before", created_before)
+    scope = (sorted(status or ()), model_name, learning_key, created_after, created_before)
     after = None
     if page.after:
-        created, last_id = decode_cursor(page.after, datetime.fromisoformat, uuid.UUID)
+        created, last_id = decode_cursor(
+            page.after, datetime.fromisoformat, uuid.UUID, of="list_runs", scope=scope
+        )
         after = (created, last_id)
     rows = await service.list_runs(
         session,
@@ -169,7 +126,14 @@ async def list_runs(
         limit=page.limit,
         after=after,
     )
-    return make_page(rows, page.limit, lambda r: (r.created_at.isoformat(), str(r.id)), _public)
+    return make_page(
+        rows,
+        page.limit,
+        lambda r: (r.created_at.isoformat(), str(r.id)),
+        RunPublic.model_validate,
+        of="list_runs",
+        scope=scope,
+    )
 
 
 @router.get(
@@ -190,10 +154,7 @@ async def get_run(
 ) -> Response:
     """One run. Send `If-None-Match` with the last ETag to poll cheaply (304)."""
     async with request.app.state.pg.acquire() as conn:
-        row = await repository.fetch_run(conn, caller.project_id, run_id)
-    if row is None:
-        raise NotFound("Run")
-    run = RunPublic.model_validate(row)
+        run = await service.fetch_run(conn, caller.project_id, run_id)
     etag = _etag(run)
     if if_none_match is not None and etag in {t.strip() for t in if_none_match.split(",")}:
         return Response(status_code=304, headers={"ETag": etag})
@@ -211,9 +172,7 @@ _ACTION_RESPONSES = problem_responses(401, 404, 409, 422)
 )
 async def cancel_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
     """Cancel the run. A run held by a worker stops within one heartbeat; idempotent."""
-    run = await service.cancel_run(session, caller.project_id, run_id)
-    await session.commit()
-    return _run_response(run)
+    return _run_response(await service.cancel_run(session, caller.project_id, run_id))
 
 
 @router.post(
@@ -224,9 +183,7 @@ async def cancel_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Res
 )
 async def pause_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
     """Pause the run at the next safe point (a step boundary); resume continues from there."""
-    run = await service.pause_run(session, caller.project_id, run_id)
-    await session.commit()
-    return _run_response(run)
+    return _run_response(await service.pause_run(session, caller.project_id, run_id))
 
 
 @router.post(
@@ -237,6 +194,4 @@ async def pause_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Resp
 )
 async def resume_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
     """Put a paused run back in the queue."""
-    run = await service.resume_run(session, caller.project_id, run_id)
-    await session.commit()
-    return _run_response(run)
+    return _run_response(await service.resume_run(session, caller.project_id, run_id))

@@ -1,41 +1,34 @@
-"""Run use cases shared by the API and the workers. Nothing here commits.
+"""Run use cases shared by the API and the workers. Nothing here commits a session: the
+caller's commits at the edge (a create with an ``Idempotency-Key`` is the one transaction
+owned here, on a plain connection, since only it knows when to roll back).
 
-Creating a run lives in :mod:`app.runs.repository` (one hand-written statement).
+Creating a run is one hand-written statement (:mod:`app.runs.repository`); here it gets its
+``Idempotency-Key`` handling. Stop requests (cancel, pause) and resume take the run's row
+lock first, so what they read cannot change under them and they never lose a race to the
+worker moving the run: a live run can always be cancelled or paused.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
+import asyncpg
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
-from app.core.errors import NotFound
+from app.core import idempotency
+from app.core.domain import NotFound
 from app.events.models import RunEvent
+from app.runs import repository
 from app.runs.dispatch import mark_due
 from app.runs.leases import lease_is_live
 from app.runs.models import Run
+from app.runs.schemas import RunCreate, RunPublic
 from app.runs.state import TransitionConflict, transition
 from app.runs.status import TERMINAL, RunStatus
-
-# A request that loses a compare-and-set to a worker re-reads and tries again this often.
-_CAS_RETRIES = 3
-
-
-async def get_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
-    """The run, if it belongs to the project; another project's run is simply not found."""
-    run = (
-        await session.execute(
-            select(Run).where(col(Run.id) == run_id, col(Run.project_id) == project_id)
-        )
-    ).scalar_one_or_none()
-    if run is None:
-        raise NotFound("Run")
-    return run
 
 
 async def ensure_run_visible(
@@ -83,32 +76,89 @@ async def list_runs(
     return list((await session.execute(query)).scalars())
 
 
-async def _flag(session: AsyncSession, run: Run, *, column: str, event: str, message: str) -> Run:
-    """Set a stop flag the holding worker reads at its next heartbeat (CAS on version)."""
-    updated = (
+async def create_run(
+    conn: asyncpg.Connection,
+    project_id: uuid.UUID,
+    body: RunCreate,
+    *,
+    max_active: int,
+    idempotency_key: str | None = None,
+) -> RunPublic | idempotency.Replay:
+    """Create the run (queued once committed), or replay the first answer given to the
+    same ``Idempotency-Key``. The key is stored with the run in one transaction; a key
+    already answered replays that answer (even at the active-run cap), and a concurrent
+    duplicate waits on the key until the first request ends, then replays it.
+    """
+    if idempotency_key is None:
+        row = await repository.insert_run(conn, project_id, body, max_active=max_active)
+        return RunPublic.model_validate(row)
+    fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
+    earlier = await idempotency.replay(conn, project_id, idempotency_key, fingerprint)
+    if earlier is not None:
+        return earlier
+    transaction = conn.transaction(isolation="read_committed")
+    await transaction.start()
+    try:
+        run = RunPublic.model_validate(
+            await repository.insert_run(conn, project_id, body, max_active=max_active)
+        )
+        stored = await idempotency.record(
+            conn, project_id, idempotency_key, fingerprint, 202, run.model_dump(mode="json")
+        )
+    except repository.ActiveRunLimit:
+        await transaction.rollback()
+        # A duplicate that waited at the cap behind the request that took the last slot
+        # with this key still gets that request's answer.
+        first = await idempotency.replay(conn, project_id, idempotency_key, fingerprint)
+        if first is None:
+            raise
+        return first
+    except BaseException:
+        await transaction.rollback()
+        raise
+    if stored:
+        await transaction.commit()
+        return run
+    # Another request with this key committed first: this run never existed.
+    await transaction.rollback()
+    first = await idempotency.replay(conn, project_id, idempotency_key, fingerprint)
+    assert first is not None, "the key was taken by a committed request"
+    return first
+
+
+async def fetch_run(
+    conn: asyncpg.Connection, project_id: uuid.UUID, run_id: uuid.UUID
+) -> RunPublic:
+    """The run as the API shows it (one statement on a plain connection: the polled path)."""
+    row = await repository.fetch_run(conn, project_id, run_id)
+    if row is None:
+        raise NotFound("Run")
+    return RunPublic.model_validate(row)
+
+
+async def _locked(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    """The project's run, its row locked until the transaction ends."""
+    run = (
         await session.execute(
-            update(Run)
-            .where(col(Run.id) == run.id, col(Run.version) == run.version)
-            .values({column: True, "version": Run.version + 1, "updated_at": func.now()})
-            .returning(Run)
-            .execution_options(synchronize_session=False, populate_existing=True)
+            select(Run)
+            .where(col(Run.id) == run_id, col(Run.project_id) == project_id)
+            .with_for_update()
+            .execution_options(populate_existing=True)
         )
     ).scalar_one_or_none()
-    if updated is None:
-        raise TransitionConflict(run.id, "run changed concurrently", current=None, retryable=True)
+    if run is None:
+        raise NotFound("Run")
+    return run
+
+
+async def _set_flag(session: AsyncSession, run: Run, flag: str, value: bool, message: str) -> Run:
+    """Set or clear a stop flag the holding worker reads at its next heartbeat."""
+    await session.execute(update(Run).where(col(Run.id) == run.id).values({flag: value}))
+    event = flag if value else "pause_withdrawn"
     await session.execute(insert(RunEvent).values(run_id=run.id, type=event, message=message))
-    return updated
-
-
-async def _with_retries(session: AsyncSession, attempt: Callable[[], Awaitable[Run]]) -> Run:
-    for i in range(_CAS_RETRIES):
-        try:
-            async with session.begin_nested():
-                return await attempt()
-        except TransitionConflict as conflict:
-            if not conflict.retryable or i == _CAS_RETRIES - 1:
-                raise
-    raise AssertionError("unreachable")
+    refreshed = await session.get(Run, run.id, populate_existing=True)
+    assert refreshed is not None
+    return refreshed
 
 
 async def _request_stop(
@@ -122,25 +172,16 @@ async def _request_stop(
     when: str,
 ) -> Run:
     """Stop now if no worker holds the run, else set ``flag`` for the holder to see at its
-    next heartbeat. Asking again is a no-op; asking a finished run is a 409."""
-
-    async def attempt() -> Run:
-        run = await get_run(session, project_id, run_id)
-        await session.refresh(run)
-        status = RunStatus(run.status)
-        if status == target or (getattr(run, flag) and status not in TERMINAL):
-            return run
-        if status in TERMINAL:
-            raise TransitionConflict(
-                run_id, f"A {status.value} run cannot be {verb}.", current=status
-            )
-        if await lease_is_live(session, run_id):
-            return await _flag(
-                session, run, column=flag, event=flag, message=f"{flag.replace('_', ' ')}; {when}"
-            )
-        return await transition(session, run_id, target, expected=status, message=f"{verb} by user")
-
-    return await _with_retries(session, attempt)
+    next heartbeat. Asking again is a no-op; asking a finished run is a conflict."""
+    run = await _locked(session, project_id, run_id)
+    status = RunStatus(run.status)
+    if status == target or (getattr(run, flag) and status not in TERMINAL):
+        return run
+    if status in TERMINAL:
+        raise TransitionConflict(run_id, f"A {status.value} run cannot be {verb}.", current=status)
+    if await lease_is_live(session, run_id):
+        return await _set_flag(session, run, flag, True, f"{flag.replace('_', ' ')}; {when}")
+    return await transition(session, run_id, target, expected=status, message=f"{verb} by user")
 
 
 async def cancel_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
@@ -171,46 +212,21 @@ async def pause_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.U
 
 async def resume_run(session: AsyncSession, project_id: uuid.UUID, run_id: uuid.UUID) -> Run:
     """Put a paused run back in the queue (or withdraw a pause not yet taken)."""
-
-    async def attempt() -> Run:
-        run = await get_run(session, project_id, run_id)
-        await session.refresh(run)
-        status = RunStatus(run.status)
-        if status == RunStatus.PAUSED:
-            resumed = await transition(
-                session,
-                run_id,
-                RunStatus.PENDING,
-                expected=status,
-                message="resumed by user",
-                values={"dispatched_at": None},
-            )
-            await mark_due(session, run_id)
-            return resumed
-        if run.pause_requested and status not in TERMINAL:
-            updated = (
-                await session.execute(
-                    update(Run)
-                    .where(col(Run.id) == run_id, col(Run.version) == run.version)
-                    .values(pause_requested=False, version=Run.version + 1, updated_at=func.now())
-                    .returning(Run)
-                    .execution_options(synchronize_session=False, populate_existing=True)
-                )
-            ).scalar_one_or_none()
-            if updated is None:
-                raise TransitionConflict(
-                    run_id, "run changed concurrently", current=None, retryable=True
-                )
-            await session.execute(
-                insert(RunEvent).values(
-                    run_id=run_id, type="pause_withdrawn", message="pause request withdrawn"
-                )
-            )
-            return updated
-        raise TransitionConflict(
+    run = await _locked(session, project_id, run_id)
+    status = RunStatus(run.status)
+    if status == RunStatus.PAUSED:
+        resumed = await transition(
+            session,
             run_id,
-            f"Only a paused run can be resumed; this one is {status.value}.",
-            current=status,
+            RunStatus.PENDING,
+            expected=status,
+            message="resumed by user",
+            values={"dispatched_at": None},
         )
-
-    return await _with_retries(session, attempt)
+        await mark_due(session, run_id)
+        return resumed
+    if run.pause_requested and status not in TERMINAL:
+        return await _set_flag(session, run, "pause_requested", False, "pause request withdrawn")
+    raise TransitionConflict(
+        run_id, f"Only a paused run can be resumed; this one is {status.value}.", current=status
+    )

@@ -20,7 +20,7 @@ from app.runs.state import (
     transition,
 )
 from app.runs.status import TERMINAL, RunStatus
-from tests.factories import create_run
+from tests.support.runs import create_run
 
 PAIRS = list(itertools.product(RunStatus, RunStatus))
 
@@ -46,7 +46,7 @@ async def test_every_pair(sessionmaker, tenant, src: RunStatus, dst: RunStatus) 
         else:
             with pytest.raises(InvalidTransition) as info:
                 await transition(s, run.id, dst)
-            assert info.value.status == 409
+            assert info.value.current == src
             await s.rollback()
     async with sessionmaker() as s:
         stored = await s.get(Run, run.id)
@@ -99,7 +99,7 @@ async def test_fifty_concurrent_terminal_transitions_one_wins(sessionmaker, tena
     targets = [
         (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)[i % 3] for i in range(50)
     ]
-    start = asyncio.Event()
+    start = asyncio.Barrier(len(targets))  # all fifty waiting before any moves
 
     async def attempt(dst: RunStatus) -> RunStatus | None:
         async with sessionmaker() as s:
@@ -112,10 +112,7 @@ async def test_fifty_concurrent_terminal_transitions_one_wins(sessionmaker, tena
                 await s.rollback()
                 return None
 
-    tasks = [asyncio.create_task(attempt(t)) for t in targets]
-    await asyncio.sleep(0.05)
-    start.set()
-    results = await asyncio.gather(*tasks)
+    results = await asyncio.gather(*(attempt(t) for t in targets))
     winners = [r for r in results if r is not None]
     assert len(winners) == 1
     async with sessionmaker() as s:
@@ -137,7 +134,7 @@ async def test_fifty_concurrent_terminal_transitions_one_wins(sessionmaker, tena
 async def test_fifty_concurrent_step_transitions_one_wins(sessionmaker, tenant) -> None:
     """Two workers racing the same non-terminal move: the loser gets a conflict."""
     run = await create_run(sessionmaker, project_id=tenant.project_id, status=RunStatus.COLLECTING)
-    start = asyncio.Event()
+    start = asyncio.Barrier(50)  # all fifty waiting before any moves
 
     async def attempt() -> bool:
         async with sessionmaker() as s:
@@ -149,7 +146,4 @@ async def test_fifty_concurrent_step_transitions_one_wins(sessionmaker, tenant) 
             except TransitionConflict:
                 return False
 
-    tasks = [asyncio.create_task(attempt()) for _ in range(50)]
-    await asyncio.sleep(0.05)
-    start.set()
-    assert sum(await asyncio.gather(*tasks)) == 1
+    assert sum(await asyncio.gather(*(attempt() for _ in range(50)))) == 1

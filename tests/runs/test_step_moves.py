@@ -16,7 +16,7 @@ from app.core.pg import connect_kwargs, init_connection
 from app.runs import step_moves
 from app.runs.state import Fence, LeaseLost, TransitionConflict
 from app.runs.status import RunStatus as S
-from tests.factories import create_run
+from tests.support.runs import create_run
 
 FENCE = Fence(owner="worker-a:1", attempt=1)
 

@@ -15,28 +15,22 @@ the run's lease. Step numbers start at 1 (the checkpoint after step N is checkpo
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
 import os
 import re
 import shutil
-import statistics
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.checkpoints import service as checkpoints
-from app.events import service as events
-from app.metrics import service as metrics
 from app.runs import step_moves
 from app.runs.models import Run
 from app.runs.state import transition
 from app.runs.status import RunStatus
-from workers.context import RunContext, StopRequested
+from workers.context import RunContext
 from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.pipeline.writes import WriteBehind
 from workers.rewards import Group, Rollout, Scorer
@@ -54,6 +48,13 @@ def check_model(model_name: str) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     where = "folder" if os.path.isdir(model_name) else "hub id"
+    if where == "hub id" and (model_name.startswith((".", "/", "~")) or model_name.count("/") > 1):
+        # A path, not a hub id: say so now, not after the hub client's retries.
+        raise ModelUnavailable(
+            f"model_name {model_name!r} cannot be loaded: it is not a folder on this worker "
+            f"(working directory {os.getcwd()}); give the absolute path of a folder every "
+            "worker can read"
+        )
     try:
         AutoConfig.from_pretrained(model_name)
         tokenizer = AutoTokenizer.from_pretrained(model_name)
@@ -212,204 +213,6 @@ class StepBridge:
         return self.ctx.settings.lease_ttl_seconds
 
 
-def make_callback(
-    ctx: RunContext, run: Run, bridge: StepBridge, paths: RunPaths, plan: list[InputBatch]
-) -> Any:
-    from transformers import TrainerCallback
-
-    grpo = run.grpo
-    keep = grpo.get("save_total_limit")
-
-    class RunCallback(TrainerCallback):  # type: ignore[misc]
-        """Statuses at step boundaries, per-step metrics, checkpoints, stop requests."""
-
-        def __init__(self) -> None:
-            self.pausing = False
-            self.logged: set[int] = set()
-            previous = run.metrics or {}
-            self.first_reward: float | None = previous.get("reward_first")
-            # Evaluation on the validation inputs: base model (step 0), then every eval_steps.
-            self.evaluation: dict[str, Any] = {
-                k: previous[k] for k in previous if k.startswith("eval_")
-            }
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            ctx.check()
-            bridge.writes.check()
-            bridge.stats = StepStats(started=time.monotonic())
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if ctx.stop == S.PAUSED and state.global_step < state.max_steps:
-                # Pause at this step boundary: checkpoint first, then stop in on_save.
-                self.pausing = True
-                control.should_save = True
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
-            step = state.global_step
-            if logs and "eval_reward" in logs:
-                self._evaluated(step, logs)
-                return
-            if not logs or "loss" not in logs or step in self.logged or step == 0:
-                return
-            self.logged.add(step)
-            stats = bridge.stats
-            seconds = max(time.monotonic() - stats.started, 1e-9)
-            values: dict[str, float] = {
-                name: float(value)
-                for name, value in logs.items()
-                if isinstance(value, int | float) and name != "epoch"
-            }
-            if stats.rewards:
-                values.update(
-                    reward_mean=statistics.fmean(stats.rewards),
-                    reward_std=statistics.pstdev(stats.rewards),
-                    reward_min=min(stats.rewards),
-                    reward_max=max(stats.rewards),
-                )
-            values.update(
-                groups_dropped=float(stats.dropped_groups),
-                step_seconds=seconds,
-                tokens_per_second=stats.completion_tokens / seconds,
-            )
-            if self.first_reward is None and "reward_mean" in values:
-                self.first_reward = values["reward_mean"]
-            batch = plan[step - 1]
-            summary = {
-                "step": step,
-                "epoch": batch.epoch,
-                "total_trajectories": step * len(batch.items) * run.rollouts_per_group,
-                "avg_reward": values.get("reward_mean"),
-                "min_reward": values.get("reward_min"),
-                "max_reward": values.get("reward_max"),
-                "training_loss": values.get("loss"),
-                "reward_first": self.first_reward,
-                **self.evaluation,
-            }
-            bridge.writes.submit(lambda: self._finish_step(step, batch.epoch, values, summary))
-
-        async def _finish_step(
-            self, step: int, epoch: int, values: dict[str, float], summary: dict[str, Any]
-        ) -> None:
-            """The step's metrics, summary and event; the run moves on to the next step's
-            collecting in the same transaction (or stays in training after the last)."""
-            reward = values.get("reward_mean")
-            async with ctx.runtime.pg() as conn:
-                await step_moves.step_finished(
-                    conn,
-                    ctx.run_id,
-                    ctx.fence,
-                    step,
-                    epoch,
-                    metrics=values,
-                    summary=summary,
-                    last=step >= len(plan),
-                    event=f"step {step}/{len(plan)} done"
-                    + (f": reward {reward:.3f}" if reward is not None else ""),
-                    ttl_seconds=ctx.settings.lease_ttl_seconds,
-                )
-
-        def _evaluated(self, step: int, logs: dict[str, Any]) -> None:
-            values = {
-                name: float(value)
-                for name, value in logs.items()
-                if name.startswith("eval_") and isinstance(value, int | float)
-            }
-            reward = values["eval_reward"]
-            base = self.evaluation.setdefault("eval_reward_base", reward)
-            best = self.evaluation.get("eval_reward_best")
-            if best is None or reward > best:
-                self.evaluation.update(eval_reward_best=reward, eval_best_step=step)
-            self.evaluation.update(
-                eval_reward=reward, eval_step=step, eval_improvement=reward - base
-            )
-            summary = dict(self.evaluation)
-            bridge.writes.submit(
-                lambda: self._record_evaluation(step, values, summary, reward, reward - base)
-            )
-
-        async def _record_evaluation(
-            self,
-            step: int,
-            values: dict[str, float],
-            summary: dict[str, Any],
-            reward: float,
-            gain: float,
-        ) -> None:
-            async with ctx.session() as session:
-                await metrics.record(session, ctx.run_id, step, values)
-                row = await session.get(Run, ctx.run_id, populate_existing=True)
-                assert row is not None
-                row.metrics = {**(row.metrics or {}), **summary}
-                row.version += 1
-                label = "base model" if step == 0 else f"step {step}"
-                await events.append(
-                    session,
-                    ctx.run_id,
-                    "eval",
-                    f"evaluation of the {label}: reward {reward:.3f} ({gain:+.3f} vs base)",
-                    data={"step": step, "eval_reward": reward, "improvement": gain},
-                )
-
-        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            step = state.global_step
-            staged = paths.staging / f"checkpoint-{step}"
-            if not staged.is_dir():
-                return
-            target = paths.checkpoints / f"checkpoint-{step}"
-            paths.checkpoints.mkdir(parents=True, exist_ok=True)
-            if target.exists():  # left by an attempt that died before recording it
-                shutil.rmtree(target)
-            os.rename(staged, target)
-            # The trainer remembers where the best checkpoint is (for load_best_model_at_end,
-            # also inside the checkpoint's trainer_state.json, read back on resume): point
-            # both at the promoted folder.
-            if (
-                state.best_model_checkpoint
-                and Path(state.best_model_checkpoint).parent == paths.staging
-            ):
-                state.best_model_checkpoint = str(
-                    paths.checkpoints / Path(state.best_model_checkpoint).name
-                )
-            saved_state = target / "trainer_state.json"
-            if saved_state.is_file():
-                text = saved_state.read_text()
-                saved_state.write_text(text.replace(str(paths.staging), str(paths.checkpoints)))
-            best = state.best_global_step if state.best_model_checkpoint else None
-            bridge.writes.submit(lambda: self._record_checkpoint(step, target, best))
-            if self.pausing:
-                bridge.writes.flush()  # the checkpoint is recorded before the run pauses
-                raise StopRequested(S.PAUSED)
-
-        async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> None:
-            async with ctx.session() as session:
-                await checkpoints.record(
-                    session,
-                    ctx.run_id,
-                    step,
-                    str(target),
-                    metrics=(await session.get(Run, ctx.run_id, populate_existing=True)).metrics
-                    or {},  # type: ignore[union-attr]
-                )
-                await events.append(
-                    session,
-                    ctx.run_id,
-                    "checkpoint",
-                    f"checkpoint at step {step}",
-                    data={"step": step, "path": str(target)},
-                )
-                protect = {best} if best else set()
-                doomed = (
-                    await checkpoints.prune(session, ctx.run_id, keep=keep, protect=protect)
-                    if keep
-                    else []
-                )
-            # Folders go only after the commit that forgot them.
-            for folder in doomed:
-                await asyncio.to_thread(shutil.rmtree, folder, True)
-
-    return RunCallback()
-
-
 def grpo_config(run: Run, paths: RunPaths, n_steps: int, *, evaluate: bool) -> Any:
     """The run's settings mapped onto TRL's GRPOConfig."""
     import torch
@@ -506,6 +309,8 @@ def train(
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    from workers.pipeline.callback import RunCallback
+
     grpo = run.grpo
     shutil.rmtree(paths.staging, ignore_errors=True)  # half-written checkpoints of a crash
     dataset = Dataset.from_list(_rows(run, [item for batch in plan for item in batch.items]))
@@ -536,7 +341,7 @@ def train(
         train_dataset=dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
-        callbacks=[make_callback(ctx, run, bridge, paths, plan)],
+        callbacks=[RunCallback(ctx, run, bridge, paths, plan)],
     )
     bridge.trainer = trainer
     # Trainyard records every step itself; the console printers would only flood worker logs.

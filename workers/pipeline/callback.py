@@ -1,0 +1,233 @@
+"""The trainer callback of a run: what happens at TRL's step boundaries.
+
+Imported by :func:`workers.pipeline.training.train` only (it needs transformers). At each
+boundary it checks for stop requests, stores the step's metrics and summary with the move to
+the next step's ``collecting`` (one fenced statement, :mod:`app.runs.step_moves`), promotes
+checkpoints (staging folder → rename → record), records evaluations, and turns a pause
+request into a checkpoint followed by a stop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from transformers import TrainerCallback
+
+from app.checkpoints import service as checkpoints
+from app.events import service as events
+from app.metrics import service as metrics
+from app.runs import step_moves
+from app.runs.models import Run
+from app.runs.status import RunStatus
+from workers.context import RunContext, StopRequested
+from workers.pipeline.plan import InputBatch
+from workers.pipeline.training import RunPaths, StepBridge, StepStats
+
+S = RunStatus
+
+
+class RunCallback(TrainerCallback):  # type: ignore[misc]
+    """Statuses at step boundaries, per-step metrics, checkpoints, stop requests."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        run: Run,
+        bridge: StepBridge,
+        paths: RunPaths,
+        plan: list[InputBatch],
+    ) -> None:
+        self.ctx = ctx
+        self.run = run
+        self.bridge = bridge
+        self.paths = paths
+        self.plan = plan
+        # How many resumable checkpoints to keep (None: all of them).
+        self.keep: int | None = run.grpo.get("save_total_limit")
+        self.pausing = False
+        self.logged: set[int] = set()
+        previous = self.run.metrics or {}
+        self.first_reward: float | None = previous.get("reward_first")
+        # Evaluation on the validation inputs: base model (step 0), then every eval_steps.
+        self.evaluation: dict[str, Any] = {
+            k: previous[k] for k in previous if k.startswith("eval_")
+        }
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.ctx.check()
+        self.bridge.writes.check()
+        self.bridge.stats = StepStats(started=time.monotonic())
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.ctx.stop == S.PAUSED and state.global_step < state.max_steps:
+            # Pause at this step boundary: checkpoint first, then stop in on_save.
+            self.pausing = True
+            control.should_save = True
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+        step = state.global_step
+        if logs and "eval_reward" in logs:
+            self._evaluated(step, logs)
+            return
+        if not logs or "loss" not in logs or step in self.logged or step == 0:
+            return
+        self.logged.add(step)
+        stats = self.bridge.stats
+        seconds = max(time.monotonic() - stats.started, 1e-9)
+        values: dict[str, float] = {
+            name: float(value)
+            for name, value in logs.items()
+            if isinstance(value, int | float) and name != "epoch"
+        }
+        if stats.rewards:
+            values.update(
+                reward_mean=statistics.fmean(stats.rewards),
+                reward_std=statistics.pstdev(stats.rewards),
+                reward_min=min(stats.rewards),
+                reward_max=max(stats.rewards),
+            )
+        values.update(
+            groups_dropped=float(stats.dropped_groups),
+            step_seconds=seconds,
+            tokens_per_second=stats.completion_tokens / seconds,
+        )
+        if self.first_reward is None and "reward_mean" in values:
+            self.first_reward = values["reward_mean"]
+        batch = self.plan[step - 1]
+        summary = {
+            "step": step,
+            "epoch": batch.epoch,
+            "total_trajectories": step * len(batch.items) * self.run.rollouts_per_group,
+            "avg_reward": values.get("reward_mean"),
+            "min_reward": values.get("reward_min"),
+            "max_reward": values.get("reward_max"),
+            "training_loss": values.get("loss"),
+            "reward_first": self.first_reward,
+            **self.evaluation,
+        }
+        self.bridge.writes.submit(lambda: self._finish_step(step, batch.epoch, values, summary))
+
+    async def _finish_step(
+        self, step: int, epoch: int, values: dict[str, float], summary: dict[str, Any]
+    ) -> None:
+        """The step's metrics, summary and event; the run moves on to the next step's
+        collecting in the same transaction (or stays in training after the last)."""
+        reward = values.get("reward_mean")
+        async with self.ctx.runtime.pg() as conn:
+            await step_moves.step_finished(
+                conn,
+                self.ctx.run_id,
+                self.ctx.fence,
+                step,
+                epoch,
+                metrics=values,
+                summary=summary,
+                last=step >= len(self.plan),
+                event=f"step {step}/{len(self.plan)} done"
+                + (f": reward {reward:.3f}" if reward is not None else ""),
+                ttl_seconds=self.ctx.settings.lease_ttl_seconds,
+            )
+
+    def _evaluated(self, step: int, logs: dict[str, Any]) -> None:
+        values = {
+            name: float(value)
+            for name, value in logs.items()
+            if name.startswith("eval_") and isinstance(value, int | float)
+        }
+        reward = values["eval_reward"]
+        base = self.evaluation.setdefault("eval_reward_base", reward)
+        best = self.evaluation.get("eval_reward_best")
+        if best is None or reward > best:
+            self.evaluation.update(eval_reward_best=reward, eval_best_step=step)
+        self.evaluation.update(eval_reward=reward, eval_step=step, eval_improvement=reward - base)
+        summary = dict(self.evaluation)
+        self.bridge.writes.submit(
+            lambda: self._record_evaluation(step, values, summary, reward, reward - base)
+        )
+
+    async def _record_evaluation(
+        self,
+        step: int,
+        values: dict[str, float],
+        summary: dict[str, Any],
+        reward: float,
+        gain: float,
+    ) -> None:
+        async with self.ctx.session() as session:
+            await metrics.record(session, self.ctx.run_id, step, values)
+            row = await session.get(Run, self.ctx.run_id, populate_existing=True)
+            assert row is not None
+            row.metrics = {**(row.metrics or {}), **summary}
+            label = "base model" if step == 0 else f"step {step}"
+            await events.append(
+                session,
+                self.ctx.run_id,
+                "eval",
+                f"evaluation of the {label}: reward {reward:.3f} ({gain:+.3f} vs base)",
+                data={"step": step, "eval_reward": reward, "improvement": gain},
+            )
+
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        step = state.global_step
+        staged = self.paths.staging / f"checkpoint-{step}"
+        if not staged.is_dir():
+            return
+        target = self.paths.checkpoints / f"checkpoint-{step}"
+        self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
+        if target.exists():  # left by an attempt that died before recording it
+            shutil.rmtree(target)
+        os.rename(staged, target)
+        # The trainer remembers where the best checkpoint is (for load_best_model_at_end,
+        # also inside the checkpoint's trainer_state.json, read back on resume): point
+        # both at the promoted folder.
+        if (
+            state.best_model_checkpoint
+            and Path(state.best_model_checkpoint).parent == self.paths.staging
+        ):
+            state.best_model_checkpoint = str(
+                self.paths.checkpoints / Path(state.best_model_checkpoint).name
+            )
+        saved_state = target / "trainer_state.json"
+        if saved_state.is_file():
+            text = saved_state.read_text()
+            saved_state.write_text(
+                text.replace(str(self.paths.staging), str(self.paths.checkpoints))
+            )
+        best = state.best_global_step if state.best_model_checkpoint else None
+        self.bridge.writes.submit(lambda: self._record_checkpoint(step, target, best))
+        if self.pausing:
+            self.bridge.writes.flush()  # the checkpoint is recorded before the run pauses
+            raise StopRequested(S.PAUSED)
+
+    async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> None:
+        async with self.ctx.session() as session:
+            await checkpoints.record(
+                session,
+                self.ctx.run_id,
+                step,
+                str(target),
+                metrics=(await session.get(Run, self.ctx.run_id, populate_existing=True)).metrics
+                or {},  # type: ignore[union-attr]
+            )
+            await events.append(
+                session,
+                self.ctx.run_id,
+                "checkpoint",
+                f"checkpoint at step {step}",
+                data={"step": step, "path": str(target)},
+            )
+            protect = {best} if best else set()
+            doomed = (
+                await checkpoints.prune(session, self.ctx.run_id, keep=self.keep, protect=protect)
+                if self.keep
+                else []
+            )
+        # Folders go only after the commit that forgot them.
+        for folder in doomed:
+            await asyncio.to_thread(shutil.rmtree, folder, True)
