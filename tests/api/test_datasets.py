@@ -22,7 +22,7 @@ from app.datasets.upload import (
     JsonlReader,
     read_multipart,
 )
-from tests.conftest import run_body
+from tests.support.runs import run_body
 
 PROBLEM = "application/problem+json"
 NDJSON = {"content-type": "application/x-ndjson"}

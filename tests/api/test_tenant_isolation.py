@@ -11,8 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.conftest import run_body
-from tests.factories import add_trajectories
+from tests.support.runs import add_trajectories, run_body
 
 PUBLIC = {"/healthz", "/readyz"}
 

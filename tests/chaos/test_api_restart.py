@@ -23,13 +23,16 @@ from sqlalchemy import func, select
 
 from app.events.models import RunEvent
 from app.runs.models import Run
-from tests.conftest import ROOT, run_body
-from tests.workers.test_leases import wait_for
+from tests.support import ROOT
+from tests.support.database import OwnDatabase
+from tests.support.runs import get_run, run_body, wait_for
 
 pytestmark = pytest.mark.chaos
 
 CLIENTS = 6
-LOAD_SECONDS = 6.0
+# Requests accepted per client (on average) before the API is killed, and by each client
+# after its restart: the load ends on those events, not after a number of seconds.
+BEFORE, AFTER = 2, 2
 
 
 def _free_port() -> int:
@@ -39,14 +42,16 @@ def _free_port() -> int:
 
 
 class ApiProcess:
-    def __init__(self, port: int, log: Path) -> None:
+    def __init__(self, port: int, log: Path, database: OwnDatabase) -> None:
         self.port = port
         self.log = log
+        self.database = database
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = {
             **os.environ,
+            **self.database.env(),
             "PYTHONPATH": str(ROOT),
             "PYTHONUNBUFFERED": "1",
             # Hundreds of pending runs (no worker keeps up) and six clients flat out: this
@@ -79,8 +84,8 @@ class ApiProcess:
 
 
 @pytest.fixture
-def api_process(service_urls: tuple[str, str], tmp_path: Path) -> Iterator[ApiProcess]:
-    server = ApiProcess(_free_port(), tmp_path / "api.log")
+def api_process(own_database: OwnDatabase, tmp_path: Path) -> Iterator[ApiProcess]:
+    server = ApiProcess(_free_port(), tmp_path / "api.log", own_database)
     server.start()
     try:
         yield server
@@ -135,27 +140,38 @@ async def test_api_killed_under_load_loses_and_doubles_nothing(
     base = f"http://127.0.0.1:{api_process.port}"
     async with httpx.AsyncClient(base_url=base, timeout=10) as http:
         traced = await _create_until_accepted(
-            http, tenant.headers, str(uuid.uuid4()), run_body(max_steps=8, config={"tick": 0.3})
+            http, tenant.headers, str(uuid.uuid4()), run_body(max_steps=20, config={"tick": 0.3})
         )
         follower = asyncio.create_task(_follow(http, tenant.headers, traced))
         accepted: dict[str, str] = {}
-        stop = time.monotonic() + LOAD_SECONDS
+        warmed = asyncio.Event()
+        restarted = asyncio.Event()
 
         async def client() -> None:
-            while time.monotonic() < stop:
+            """Flat out (some requests are in flight when the API dies) until AFTER of its
+            requests were accepted after the restart."""
+            done_after = 0
+            while done_after < AFTER:
                 key = str(uuid.uuid4())
                 accepted[key] = await _create_until_accepted(
                     http, tenant.headers, key, run_body(config={"client_key": key})
                 )
+                if restarted.is_set():
+                    done_after += 1
+                elif len(accepted) >= CLIENTS * BEFORE:
+                    warmed.set()
 
         load = [asyncio.create_task(client()) for _ in range(CLIENTS)]
-        await asyncio.sleep(LOAD_SECONDS / 3)
+        await warmed.wait()
+        # The traced run's stream must span the restart for the resume to be tested.
+        assert (await get_run(sessionmaker, traced)).completed_at is None
         await asyncio.to_thread(api_process.kill)  # mid-request for some of the clients
         await asyncio.to_thread(api_process.start)
+        restarted.set()
         await asyncio.gather(*load)
         seen = await follower
 
-    assert len(accepted) > CLIENTS * 3
+    assert len(accepted) >= CLIENTS * (BEFORE + AFTER)
     async with sessionmaker() as s:
         stored = (
             await s.execute(
@@ -183,4 +199,4 @@ async def test_api_killed_under_load_loses_and_doubles_nothing(
     assert in_flight == len(accepted) + 1
     # The stream across the restart: every event once, in order, none missing.
     assert seen == events
-    await wait_for(sessionmaker, traced, lambda r: r.status == "completed")
+    await wait_for(sessionmaker, traced, lambda r: r.status == "completed", within=120)

@@ -32,7 +32,8 @@ from app.core.errors import INCONSISTENT, INVALID_CURSOR, KEY_REUSED, UNKNOWN_RE
 from app.core.openapi import install_openapi
 from app.core.settings import Settings
 from app.main import create_app
-from tests.conftest import run_body
+from tests.support.database import new_tenant, sessions_on
+from tests.support.runs import run_body
 
 pytestmark = pytest.mark.chaos
 
@@ -179,8 +180,11 @@ def fuzz_app(service_urls: tuple[str, str]) -> Iterator[DeferredApp]:
 
 
 @pytest.fixture
-async def tenant_key(make_tenant: Any) -> AsyncIterator[str]:
-    tenant = await make_tenant()
+async def tenant_key(service_urls: tuple[str, str]) -> AsyncIterator[str]:
+    """A tenant on the session's database, the one ``fuzz_app`` serves (this folder's
+    ``make_tenant`` is on a test's own database, for the tests with workers)."""
+    async with sessions_on(service_urls[0], pool_size=1) as maker:
+        tenant = await new_tenant(maker)
     ApiKey.key = tenant.key
     yield tenant.key
     ApiKey.key = None

@@ -1,1 +1,1 @@
-from tests.llm.fake_server import llm, llm_server  # noqa: F401  (fixtures)
+from tests.support.llm import llm, llm_server  # noqa: F401  (fixtures)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.llm.fake_server import Reply, ScriptedLLM, free_port
+from tests.support.llm import Reply, ScriptedLLM, free_port
 from workers.generation import InputGenerationError, generate_inputs, normalise
 
 TASK = "Answer arithmetic questions with a single number."

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.llm.fake_server import Reply, ScriptedLLM, completion_of, free_port
+from tests.support.llm import Reply, ScriptedLLM, completion_of, free_port
 from workers.llm import LLMUnavailable
 from workers.rewards import Group, Rollout
 from workers.rewards.rim import JUDGES, RimScorer

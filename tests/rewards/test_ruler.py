@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app.core.settings import Settings
-from tests.llm.fake_server import Reply, ScriptedLLM, free_port
+from tests.support.llm import Reply, ScriptedLLM, free_port
 from workers.llm import LLMUnavailable
 from workers.rewards import Group, Rollout, make_scorer
 from workers.rewards.ruler import DEFAULT_RUBRIC, RulerScorer

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app import training_data as td
-from tests.training_data.conftest import Corpus
+from tests.support.training_data import Corpus
 
 
 def _group_stats(corpus: Corpus) -> dict[tuple[Any, int, int], tuple[float, float]]:

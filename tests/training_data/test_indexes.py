@@ -18,7 +18,7 @@ from app.core.pg import connect_kwargs, init_connection
 from app.runs.status import RunStatus
 from app.training_data.filters import Filters, trajectory_where
 from app.training_data.queries import trajectory_select
-from tests.factories import create_run
+from tests.support.runs import create_run
 
 PROJECTS, RUNS_PER_PROJECT, ROWS_PER_RUN = 8, 3, 2500
 NOW = datetime(2026, 11, 1, tzinfo=UTC)

@@ -12,7 +12,7 @@ import pytest
 
 from app import training_data as td
 from app.core.pg import connect_kwargs, init_connection
-from tests.training_data.conftest import BASE, Corpus
+from tests.support.training_data import BASE, Corpus
 
 
 def _filters(corpus: Corpus, name: str) -> dict[str, Any]:
@@ -212,7 +212,7 @@ async def test_cursor_is_stable_while_rows_are_inserted(
 ) -> None:
     """Rows written while a reader pages through never shift or repeat a page: newest first
     they land before the reader's position, oldest first after it (and are then read)."""
-    from tests.factories import add_trajectories, create_run
+    from tests.support.runs import add_trajectories, create_run
 
     tenant = await make_tenant()
     run = await create_run(sessionmaker, project_id=tenant.project_id)

@@ -12,22 +12,19 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.llm.fake_server import free_port
-from tests.workers.conftest import (  # noqa: F401  (fixtures)
-    idle_system,
+from tests.support.database import api, own_database, sessionmaker  # noqa: F401  (fixtures)
+from tests.support.llm import free_port
+from tests.support.workers import (  # noqa: F401  (fixtures)
+    VLLM_PYTHON,
     start_worker,
     tiny_model,
     worker_home,
 )
-
-ROOT = Path(__file__).resolve().parents[2]
-VLLM_PYTHON = Path(os.environ.get("TRAINYARD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,8 +3,8 @@ run completes, and the groups it could not score are counted in its metrics."""
 
 from __future__ import annotations
 
-from tests.workers.test_leases import wait_for
-from tests.workers.test_pipeline import letters_run, series
+from tests.support.runs import series, wait_for
+from tests.support.workers import VLLM_PYTHON, letters_run
 
 
 async def test_run_with_a_vllm_judge_completes_and_counts_dropped_groups(
@@ -37,8 +37,6 @@ async def test_vllm_colocate_engine_trains_with_synced_weights(
 ) -> None:
     """Rollouts from vLLM in-process (TRL colocate): the policy learns only if every
     optimizer step's weights reach vLLM."""
-    from tests.vllm.conftest import VLLM_PYTHON
-
     start_worker(python=str(VLLM_PYTHON), **worker_home)
     body = letters_run(
         tiny_model,

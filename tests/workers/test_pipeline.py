@@ -4,7 +4,6 @@ through TRL's GRPO on the tiny model (CPU), with everything persisted."""
 from __future__ import annotations
 
 import statistics
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -16,40 +15,8 @@ from app.checkpoints.models import Checkpoint
 from app.events.models import RunEvent
 from app.metrics.models import MetricPoint
 from app.trajectories.models import Trajectory
-from tests.workers.test_leases import _run, wait_for
-
-
-def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "model_name": str(model),
-        "task_description": "Answer with as many letters a as you can.",
-        "trained_model_name": "tiny-letters",
-        "rollouts_per_group": 8,
-        "learning_rate": 5e-3,
-        "num_epochs": 100,
-        "max_steps": 60,
-        "inputs": [
-            {"input_text": t} for t in ["Say something.", "Sing.", "Shout.", "Write a word."]
-        ],
-        "reward": {
-            "type": "function",
-            "functions": [{"name": "char_fraction", "args": {"char": "a"}}],
-        },
-        "grpo": {
-            "groups_per_step": 2,
-            "temperature": 1.0,
-            "max_completion_length": 16,
-            "beta": 0.0,
-            "warmup_ratio": 0.0,
-            "save_steps": 20,
-        },
-    }
-    for key, value in overrides.items():
-        if key == "grpo":  # settings merge; everything else replaces
-            body[key] = {**body[key], **value}
-        else:
-            body[key] = value
-    return body
+from tests.support.runs import get_run, series, trajectory_keys, wait_for
+from tests.support.workers import letter_rows, letters_run
 
 
 async def _count(maker: Any, model: Any, run_id: str, *where: Any) -> int:
@@ -61,31 +28,6 @@ async def _count(maker: Any, model: Any, run_id: str, *where: Any) -> int:
                 .where(model.run_id == uuid.UUID(run_id), *where)
             )
         )
-
-
-async def series(maker: Any, run_id: str, name: str) -> list[tuple[int, float]]:
-    """The run's (step, value) points of one metric, by step."""
-    async with maker() as s:
-        rows = await s.execute(
-            select(MetricPoint.step, MetricPoint.value)
-            .where(MetricPoint.run_id == uuid.UUID(run_id), MetricPoint.name == name)
-            .order_by(MetricPoint.step)
-        )
-        return [(step, value) for step, value in rows]
-
-
-async def _trajectory_keys(maker: Any, run_id: str) -> list[tuple[int, int, int]]:
-    async with maker() as s:
-        rows = await s.execute(
-            select(Trajectory.step, Trajectory.group_index, Trajectory.rollout_index).where(
-                Trajectory.run_id == uuid.UUID(run_id)
-            )
-        )
-        return sorted(tuple(r) for r in rows)
-
-
-def _full(steps: int, groups: int = 2, rollouts: int = 8) -> list[tuple[int, int, int]]:
-    return [(s, g, r) for s in range(1, steps + 1) for g in range(groups) for r in range(rollouts)]
 
 
 async def test_run_trains_to_completion_learns_and_keeps_everything(
@@ -100,7 +42,7 @@ async def test_run_trains_to_completion_learns_and_keeps_everything(
     assert done.step == 60
 
     # Every step: its 16 trajectories with rewards, its metrics, its event.
-    assert await _trajectory_keys(sessionmaker, run["id"]) == _full(60)
+    assert await trajectory_keys(sessionmaker, run["id"]) == letter_rows(60)
     assert await _count(sessionmaker, Trajectory, run["id"], Trajectory.reward.is_(None)) == 0
     rewards = await series(sessionmaker, run["id"], "reward_mean")
     async with sessionmaker() as s:
@@ -221,7 +163,7 @@ async def test_worker_killed_in_training_is_replaced_and_resumes_from_its_checkp
     )
     assert done.status == "completed", done.error
     assert done.attempt == 2
-    assert await _trajectory_keys(sessionmaker, run["id"]) == _full(30)
+    assert await trajectory_keys(sessionmaker, run["id"]) == letter_rows(30)
     async with sessionmaker() as s:
         resumed = (
             (
@@ -248,13 +190,17 @@ async def test_cancel_during_collecting_ends_within_a_heartbeat(
     await wait_for(
         sessionmaker, run["id"], lambda r: r.status == "collecting" and r.step >= 2, within=180
     )
-    asked = time.monotonic()
     r = await client.post(f"/runs/{run['id']}/cancel", headers=tenant.headers)
     assert r.status_code == 200
-    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "cancelled", within=20)
-    # Heartbeat 0.25 s; a tiny-model step takes ~0.1 s.
-    assert time.monotonic() - asked < 2.0
-    assert done.step < 2000
+    # 2000 steps of ~0.1 s: only a cancel seen mid-run ends it within the deadline.
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "cancelled", within=60)
+    assert done.lease_owner is None and 2 <= done.step < 2000
+    # Every step it finished kept all its rows; the one in progress at most its own, and
+    # nothing after it was started.
+    rows = await trajectory_keys(sessionmaker, run["id"])
+    finished = letter_rows(done.step)
+    assert rows[: len(finished)] == finished
+    assert {s for s, _, _ in rows[len(finished) :]} <= {done.step + 1}
 
 
 async def test_unusable_model_fails_at_once_saying_why(
@@ -266,7 +212,7 @@ async def test_unusable_model_fails_at_once_saying_why(
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "failed", within=60)
     assert "no-such-model" in (done.error or "") and "cannot be loaded" in (done.error or "")
     assert done.step == 0
-    assert (await _run(sessionmaker, run["id"])).completed_at is not None
+    assert (await get_run(sessionmaker, run["id"])).completed_at is not None
 
 
 async def test_evaluation_tracks_the_base_model_and_keeps_the_best_checkpoint(
@@ -336,7 +282,7 @@ async def test_pause_checkpoints_at_the_step_boundary_and_resume_continues_there
         sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=180
     )
     assert done.status == "completed", done.error
-    assert await _trajectory_keys(sessionmaker, run["id"]) == _full(30)
+    assert await trajectory_keys(sessionmaker, run["id"]) == letter_rows(30)
     async with sessionmaker() as s:
         resumed = (
             (

@@ -1,0 +1,149 @@
+"""Real Celery worker processes (``trainyard worker``) on a test's own database and broker
+prefix, with short lease timings; the tiny model the real pipeline trains on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support import ROOT
+from tests.support.database import OwnDatabase
+
+# The slow tier's interpreter, with vLLM (`make test-vllm` builds it).
+VLLM_PYTHON = Path(os.environ.get("TRAINYARD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
+
+FAST = {
+    "TRAINYARD_PIPELINE": "tests.support.pipelines:ticking",
+    "TRAINYARD_LEASE_TTL_SECONDS": "1.5",
+    "TRAINYARD_HEARTBEAT_SECONDS": "0.25",
+    "TRAINYARD_REAPER_INTERVAL_SECONDS": "0.3",
+    "TRAINYARD_REDISPATCH_SECONDS": "1.0",
+    "TRAINYARD_MAX_ATTEMPTS": "3",
+}
+
+
+class Worker:
+    def __init__(self, proc: subprocess.Popen[bytes], log: Path) -> None:
+        self.proc = proc
+        self.log = log
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    async def wait_for_output(self, text: str, within: float = 60) -> None:
+        """Until ``text`` appears in the worker's log (``within``: a deadline for hangs)."""
+        deadline = time.monotonic() + within
+        while text not in self.output():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{text!r} never logged:\n{self.output()[-3000:]}")
+            await asyncio.sleep(0.05)
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        """Signal the whole process group (a prefork parent and its children)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM):
+            self.proc.wait(15)
+
+
+@pytest.fixture
+def start_worker(own_database: OwnDatabase, tmp_path: Path) -> Iterator[Any]:
+    """Starts workers on the test's own database and broker prefix; ``env`` overrides
+    ``FAST`` (and those, if a test must: ``TRAINYARD_REDIS_URL`` for a Redis of its own)."""
+    started: list[Worker] = []
+
+    def _start(
+        *, pool: str = "solo", wait: bool = True, python: str = sys.executable, **env: str
+    ) -> Worker:
+        log = tmp_path / f"worker-{len(started)}.log"
+        environ = {**os.environ, **own_database.env(), **FAST, **env, "PYTHONUNBUFFERED": "1"}
+        environ["PYTHONPATH"] = str(ROOT)
+        proc = subprocess.Popen(
+            [python, "-m", "app.cli", "worker", "--pool", pool, "--loglevel", "INFO"],
+            cwd=ROOT,
+            env=environ,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        worker = Worker(proc, log)
+        started.append(worker)
+        if wait:
+            deadline = time.monotonic() + 60
+            while " ready." not in worker.output():
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker did not start:\n{worker.output()}")
+                time.sleep(0.1)
+        return worker
+
+    yield _start
+    for worker in started:
+        if worker.proc.poll() is None:
+            worker.kill(signal.SIGKILL)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from workers.ml.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture
+def worker_home(tmp_path: Path) -> dict[str, str]:
+    """Worker settings for the real training pipeline, with artefacts under the test's
+    folder."""
+    return {
+        "TRAINYARD_PIPELINE": "workers.pipeline:run_pipeline",
+        "TRAINYARD_HOME": str(tmp_path / "home"),
+    }
+
+
+def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
+    """A run of the real pipeline on the tiny model that learns to answer with letters a
+    (``grpo`` overrides merge; everything else replaces)."""
+    body: dict[str, Any] = {
+        "model_name": str(model),
+        "task_description": "Answer with as many letters a as you can.",
+        "trained_model_name": "tiny-letters",
+        "rollouts_per_group": 8,
+        "learning_rate": 5e-3,
+        "num_epochs": 100,
+        "max_steps": 60,
+        "inputs": [
+            {"input_text": t} for t in ["Say something.", "Sing.", "Shout.", "Write a word."]
+        ],
+        "reward": {
+            "type": "function",
+            "functions": [{"name": "char_fraction", "args": {"char": "a"}}],
+        },
+        "grpo": {
+            "groups_per_step": 2,
+            "temperature": 1.0,
+            "max_completion_length": 16,
+            "beta": 0.0,
+            "warmup_ratio": 0.0,
+            "save_steps": 20,
+        },
+    }
+    for key, value in overrides.items():
+        if key == "grpo":
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return body
+
+
+def letter_rows(steps: int, groups: int = 2, rollouts: int = 8) -> list[tuple[int, int, int]]:
+    """Every (step, group, rollout) of a letters run's first ``steps`` steps (from step 1)."""
+    return [(s, g, r) for s in range(1, steps + 1) for g in range(groups) for r in range(rollouts)]
