@@ -166,7 +166,11 @@ class RunPublic(BaseModel):
     error: str | None
     step: int
     epoch: int
-    attempt: int
+    attempt: int = Field(description="Claims of the run by a worker so far (pauses included).")
+    failures: int = Field(
+        description="Attempts that ended with the worker gone (its lease ran out); the run "
+        "is failed when they reach the workers' max_attempts."
+    )
     cancel_requested: bool
     pause_requested: bool
     version: int

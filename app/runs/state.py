@@ -196,15 +196,9 @@ class Move:
         return allowed
 
 
-@dataclass(frozen=True)
-class Moved:
-    src: RunStatus
-    version: int
-
-
 # Columns a move may set besides those the table implies; everything else about a run is
 # written at creation or by its own function (leases, stop flags).
-_SETTABLE = frozenset({"step", "epoch", "metrics", "system_prompt", "dispatched_at", "failures"})
+_SETTABLE = frozenset({"step", "epoch", "metrics", "dispatched_at", "failures"})
 _MERGED = frozenset({"metrics"})  # jsonb objects: a move merges its keys into them
 
 _STATEMENT = """
@@ -215,7 +209,7 @@ WITH old AS (
        SET status = $2{sets}
       FROM old
      WHERE r.id = old.id AND old.status = ANY($3::text[]){fence}
-    RETURNING r.id, r.project_id, r.learning_key, r.version, old.status AS src
+    RETURNING r.id, r.project_id, r.learning_key, old.status AS src
 ), events AS (
     INSERT INTO run_events (run_id, type, level, message, data)
     SELECT moved.id, e.item ->> 'type', e.item ->> 'level',
@@ -226,7 +220,7 @@ WITH old AS (
       FROM moved, jsonb_array_elements(($4::text)::jsonb) WITH ORDINALITY AS e(item, n)
      ORDER BY e.n
 ){rows}
-SELECT src, version FROM moved
+SELECT src FROM moved
 """
 
 _WHY = "SELECT status, lease_owner, attempt FROM runs WHERE id = $1"
@@ -331,12 +325,12 @@ async def _fetchrow(db: AsyncSession | asyncpg.Connection, sql: str, args: list[
     return await db.fetchrow(sql, *args)
 
 
-async def apply(db: AsyncSession | asyncpg.Connection, move: Move) -> Moved:
+async def apply(db: AsyncSession | asyncpg.Connection, move: Move) -> None:
     """Make ``move`` atomically, or raise and change nothing."""
     sql, args = compile_move(move)
     row = await _fetchrow(db, sql, args)
     if row is not None:
-        return Moved(src=RunStatus(row[0]), version=row[1])
+        return
 
     why = await _fetchrow(db, _WHY, [move.run_id])
     if why is None:

@@ -115,6 +115,8 @@ async def test_pauses_and_resumes_never_use_up_attempts(
         assert r.status_code == 200 and r.json()["status"] == "pending", r.text
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed", within=60)
     assert done.attempt == 5 and done.failures == 0 and done.error is None
+    served = (await client.get(f"/runs/{run['id']}", headers=tenant.headers)).json()
+    assert (served["attempt"], served["failures"]) == (5, 0)
     expected = [(s, g, r) for s in range(6) for g in range(2) for r in range(2)]
     assert await trajectory_keys(sessionmaker, run["id"]) == expected
 
