@@ -581,9 +581,20 @@ def demo(
 def tiny_model(
     path: Annotated[
         Path | None,
-        typer.Argument(help="Folder to write to. Default: `<home>/models/tiny-llama`."),
+        typer.Argument(
+            help="Folder to write to. Default: `<home>/models/tiny-llama` "
+            "(`tiny-llama-tools` with --tools)."
+        ),
     ] = None,
     seed: int = 0,
+    tools: Annotated[
+        bool,
+        typer.Option(
+            "--tools",
+            help="The agent variant: a chat template with a tool-call format TRL parses "
+            "(Qwen2.5's), for runs with an environment.",
+        ),
+    ] = False,
 ) -> None:
     """Build the tiny Llama and tokenizer used by the demo and the tests (no hub access);
     prints the folder's absolute path, which a run's model_name can take as it is."""
@@ -593,11 +604,13 @@ def tiny_model(
         settings = _settings()
         found = find_installation(settings)
         home = Path(found.home) if found else settings.home.expanduser().resolve()
-        path = home / "models" / "tiny-llama"
+        path = home / "models" / ("tiny-llama-tools" if tools else "tiny-llama")
     path = path.expanduser().resolve()
     # Built by the workers' code, in a process of its own (it imports torch).
     subprocess.run(
-        [sys.executable, "-m", "workers", "tiny-model", str(path), str(seed)], check=True
+        [sys.executable, "-m", "workers", "tiny-model", str(path), str(seed)]
+        + (["--tools"] if tools else []),
+        check=True,
     )
     err.print(f"tiny model written to {path}", highlight=False)
     print(path, flush=True)

@@ -3,7 +3,7 @@
 the workers' code.
 
     python -m workers worker --queues=gpu --pool=solo …   (Celery's worker arguments)
-    python -m workers tiny-model PATH [SEED]
+    python -m workers tiny-model PATH [SEED] [--tools]   (--tools: the agent variant)
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ def main(argv: list[str]) -> None:
     elif command == "tiny-model":
         from workers.ml.tiny_model import build_tiny_model
 
-        build_tiny_model(Path(args[0]), seed=int(args[1]) if len(args) > 1 else 0)
+        tools = "--tools" in args
+        args = [a for a in args if a != "--tools"]
+        build_tiny_model(Path(args[0]), seed=int(args[1]) if len(args) > 1 else 0, tools=tools)
     else:
         sys.exit(__doc__)
 

@@ -60,6 +60,12 @@ class Run(SQLModel, table=True):
     generator: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )
+    # Where an agent acts (app.runs.environments) and its supervised warm-up (app.runs.sft),
+    # as validated; None: a single-turn run without tools, no warm-up.
+    environment: dict[str, Any] | None = Field(
+        default=None, sa_column=jsonb(nullable=True, default=None)
+    )
+    sft: dict[str, Any] | None = Field(default=None, sa_column=jsonb(nullable=True, default=None))
     metrics: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )

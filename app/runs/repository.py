@@ -47,6 +47,8 @@ _NEW_RUN: dict[str, str | None] = {
     "grpo": None,
     "config": None,
     "generator": "NULL",
+    "environment": "NULL",
+    "sft": "NULL",
     "dataset_id": "NULL",
     "step": "0",
     "epoch": "0",
@@ -90,8 +92,10 @@ _CREATE_VALUES = {
     "reward": "$12",
     "grpo": "$13",
     "config": "$14",
+    "environment": "$15",
+    "sft": "$16",
 }
-_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$15", "generator": "$16"})
+_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$17", "generator": "$18"})
 _INSERT_FROM_DATASET = insert_run_sql(
     {**_CREATE_VALUES, "num_examples": "ds.num_train_rows", "dataset_id": "ds.id"},
     select_from="ds",
@@ -104,10 +108,10 @@ WITH run AS (
 ), inputs AS (
     INSERT INTO task_inputs (id, run_id, index, input_text, context, split)
     SELECT gen_random_uuid(), $1, i.index, i.input_text, i.context, i.split
-    FROM jsonb_to_recordset($17::jsonb) AS i(index int, input_text text, context jsonb, split text)
+    FROM jsonb_to_recordset($19::jsonb) AS i(index int, input_text text, context jsonb, split text)
 ), event AS (
     INSERT INTO run_events (run_id, type, level, message, data)
-    VALUES ($1, 'created', 'info', 'run created', $18::jsonb)
+    VALUES ($1, 'created', 'info', 'run created', $20::jsonb)
 )
 SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 """
@@ -116,7 +120,7 @@ SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 # one, makes ``ds`` empty, so nothing is inserted and no row comes back.
 _CREATE_FROM_DATASET = f"""
 WITH ds AS (
-    SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $15 AND project_id = $2
+    SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $17 AND project_id = $2
         AND num_train_rows > 0
 ), run AS (
     {_INSERT_FROM_DATASET}
@@ -214,7 +218,7 @@ async def insert_run(
 
 
 def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tuple[Any, ...]:
-    """Parameters $1..$14 of both creates (:data:`_CREATE_VALUES`)."""
+    """Parameters $1..$16 of both creates (:data:`_CREATE_VALUES`)."""
     return (
         run_id,
         project_id,
@@ -230,6 +234,8 @@ def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tu
         body.reward.model_dump(mode="json"),
         body.grpo.model_dump(mode="json"),
         body.config,
+        body.environment.model_dump(mode="json") if body.environment else None,
+        body.sft.model_dump(mode="json") if body.sft else None,
     )
 
 

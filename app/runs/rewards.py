@@ -7,6 +7,7 @@ hour later on a GPU.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -22,7 +23,12 @@ from pydantic import (
 from app.core.errors import inconsistent
 from app.core.storable import NulFreeStr, RequestModel, StorableObject
 
-_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# The name of an environment variable (a judge's api_key_env, an MCP server's env).
+ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+# What names a user's code on the workers: 'package.module:function' (or a dotted path).
+# ASCII, so that every reader of the document's regular expression, JSON Schema's included,
+# means the same names. Reward functions, tools and environments are all named by it.
+IMPORT_PATH = r"[A-Za-z_][A-Za-z0-9_.]*[:.][A-Za-z_][A-Za-z0-9_]*"
 
 
 class Strict(RequestModel):
@@ -69,6 +75,10 @@ class CharFractionArgs(Strict):
     char: NulFreeStr = Field(default="a", min_length=1, max_length=1)
 
 
+class EnvironmentArgs(Strict):
+    """None: the environment's get_reward takes what its episode left it."""
+
+
 @dataclass(frozen=True)
 class BuiltinReward:
     name: str
@@ -104,6 +114,11 @@ BUILTIN_REWARDS: dict[str, BuiltinReward] = {
             "The fraction of the completion's characters that are char",
             CharFractionArgs,
         ),
+        BuiltinReward(
+            "environment",
+            "The environment's own reward (its get_reward), for runs with a python environment",
+            EnvironmentArgs,
+        ),
     )
 }
 
@@ -121,11 +136,15 @@ def builtin_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
     return BUILTIN_REWARDS[name].args.model_validate(args).model_dump()
 
 
-# A built-in, or 'package.module:function' (ASCII, so that every reader of the document's
-# regular expression, JSON Schema's included, means the same names).
-_IMPORT_PATH = r"[A-Za-z_][A-Za-z0-9_.]*[:.][A-Za-z_][A-Za-z0-9_]*"
-_FUNCTION_NAME = f"^({'|'.join(sorted(BUILTIN_REWARDS))}|{_IMPORT_PATH})$"
-_FUNCTION_NAME_RE = re.compile(_FUNCTION_NAME.removesuffix("$") + r"\Z")
+def builtin_or_import_path(builtins: Iterable[str]) -> tuple[str, re.Pattern[str]]:
+    """The regular expression of a name that is one of ``builtins`` or an import path: as
+    the document writes it, and compiled as the validators match it (``\\Z``: a trailing
+    newline is no match)."""
+    pattern = f"^({'|'.join(sorted(builtins))}|{IMPORT_PATH})$"
+    return pattern, re.compile(pattern.removesuffix("$") + r"\Z")
+
+
+_FUNCTION_NAME, _FUNCTION_NAME_RE = builtin_or_import_path(BUILTIN_REWARDS)
 
 
 def _describe_builtin_args(schema: dict[str, Any]) -> None:
@@ -140,7 +159,7 @@ def _describe_builtin_args(schema: dict[str, Any]) -> None:
         if args.get("required"):
             branch["required"] = ["args"]
         branches.append(branch)
-    branches.append({"properties": {"name": {"pattern": f"^{_IMPORT_PATH}$"}}})
+    branches.append({"properties": {"name": {"pattern": f"^{IMPORT_PATH}$"}}})
     schema["anyOf"] = branches
 
 
@@ -154,7 +173,7 @@ class JudgeEndpoint(Strict):
     api_key_env: str | None = Field(
         default=None,
         max_length=100,
-        pattern=_ENV_NAME,
+        pattern=ENV_NAME,
         description="Name of the environment variable (on the worker) holding the API key.",
     )
     timeout_s: float = Field(default=60.0, gt=0, le=3600)

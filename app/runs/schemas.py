@@ -16,8 +16,10 @@ from app.core.errors import inconsistent
 from app.core.limits import MAX_DATASET_ROWS, MAX_INPUT_CHARS, MAX_JSON_DEPTH
 from app.core.pagination import Page
 from app.core.storable import NulFreeStr, RequestModel, StorableObject, servable
+from app.runs.environments import EnvironmentSpec, PythonEnvironment
 from app.runs.grpo import GrpoSettings
-from app.runs.rewards import JudgeEndpoint, RewardSpec, RulerReward
+from app.runs.rewards import FunctionReward, JudgeEndpoint, RewardSpec, RulerReward
+from app.runs.sft import SftSettings
 from app.runs.status import RunStatus
 
 MAX_INLINE_INPUTS = 10_000
@@ -100,12 +102,24 @@ class RunCreate(RequestModel):
         "given) from task_description when the run has neither inputs nor dataset_id. "
         "Unset: the workers' default judge endpoint.",
     )
+    # Before reward, which is checked against it.
+    environment: EnvironmentSpec | None = Field(
+        default=None,
+        description="Where the agent acts: tools it may call over several turns (built-in or "
+        "user functions, a python environment, an MCP server). Unset: one completion per "
+        "rollout, no tools.",
+    )
     reward: RewardSpec = Field(
         default_factory=lambda: RulerReward(type="ruler"),
-        description="How rollouts are scored: RULER (default), RIM or reward functions.",
+        description="How rollouts are scored: RULER (default), RIM or reward functions (the "
+        "function 'environment': a python environment's own reward).",
     )
     grpo: GrpoSettings = Field(
         default_factory=GrpoSettings, description="GRPO settings (the reference recipe's)."
+    )
+    sft: SftSettings | None = Field(
+        default=None,
+        description="A supervised warm-up on example conversations before the GRPO steps.",
     )
     config: StorableObject = Field(
         default_factory=dict,
@@ -118,6 +132,22 @@ class RunCreate(RequestModel):
         # A field validator, so the problem names body.dataset_id (inputs is validated first).
         if value is not None and info.data.get("inputs") is not None:
             raise inconsistent("give either inputs or dataset_id, not both")
+        return value
+
+    @field_validator("reward")
+    @classmethod
+    def _environment_reward(cls, value: Any, info: ValidationInfo) -> Any:
+        # A field validator, so the problem names body.reward (environment comes first).
+        if "environment" not in info.data:
+            return value  # the environment was invalid: that is the error to report
+        wants = isinstance(value, FunctionReward) and any(
+            f.name == "environment" for f in value.functions
+        )
+        if wants and not isinstance(info.data["environment"], PythonEnvironment):
+            raise inconsistent(
+                "the reward function 'environment' is a python environment's get_reward: "
+                "it needs an environment of type 'python'"
+            )
         return value
 
     @model_validator(mode="after")
@@ -161,6 +191,12 @@ class RunPublic(BaseModel):
     grpo: dict[str, Any]
     config: dict[str, Any]
     generator: dict[str, Any] | None
+    environment: dict[str, Any] | None = Field(
+        description="The run's environment as validated (defaults filled in); null: no tools."
+    )
+    sft: dict[str, Any] | None = Field(
+        description="The supervised warm-up as validated; null: none."
+    )
     dataset_id: uuid.UUID | None
     metrics: TrainingMetrics | None
     error: str | None
@@ -201,7 +237,11 @@ class RunPublic(BaseModel):
 
 # The jsonb columns of a run that can nest without bound: config and a reward function's
 # args are the user's, metrics the workers'. grpo and generator are only ever written from
-# GrpoSettings and JudgeEndpoint, whose depth is fixed, so they are not walked.
+# GrpoSettings and JudgeEndpoint, whose depth is fixed, so they are not walked; nor are
+# environment and sft, which exist only since the depth limit and are only written from
+# their request models (their free-form parts checked at most MAX_JSON_DEPTH deep, well
+# within what an answer serves): walking a 10,000-example sft on every GET would cost more
+# than the route.
 _FREE_FORM = ("reward", "config", "metrics")
 
 

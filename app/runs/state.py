@@ -44,8 +44,10 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     # A worker picks the run up: it makes inputs first, or — for a run resumed after a
     # pause at a step boundary whose inputs already exist — goes straight to collecting.
     S.PENDING: frozenset({S.GENERATING, S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
-    # Inputs are persisted; the first step starts.
-    S.GENERATING: frozenset({S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
+    # Inputs are persisted; the first step starts, or the SFT warm-up before it.
+    S.GENERATING: frozenset({S.WARMING_UP, S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
+    # The SFT warm-up's model is saved; GRPO's first step starts from it.
+    S.WARMING_UP: frozenset({S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
     # Every rollout of the step is stored; the judges/reward functions take over.
     S.COLLECTING: frozenset({S.SCORING, S.PAUSED, S.FAILED, S.CANCELLED}),
     # Every trajectory has its reward; the policy update starts. Back to collecting when a

@@ -4,10 +4,12 @@ from enum import StrEnum
 
 
 class RunStatus(StrEnum):
-    """Where a run is. ``paused`` is ours; the rest are the reference's TrainingStatus."""
+    """Where a run is. ``paused`` and ``warming_up`` (an agent run's SFT warm-up before its
+    first GRPO step) are ours; the rest are the reference's TrainingStatus."""
 
     PENDING = "pending"
     GENERATING = "generating"
+    WARMING_UP = "warming_up"
     COLLECTING = "collecting"
     SCORING = "scoring"
     TRAINING = "training"
@@ -26,7 +28,13 @@ TERMINAL: frozenset[RunStatus] = frozenset(
 )
 # Statuses in which a worker holds the run and does work.
 WORKING: frozenset[RunStatus] = frozenset(
-    {RunStatus.GENERATING, RunStatus.COLLECTING, RunStatus.SCORING, RunStatus.TRAINING}
+    {
+        RunStatus.GENERATING,
+        RunStatus.WARMING_UP,
+        RunStatus.COLLECTING,
+        RunStatus.SCORING,
+        RunStatus.TRAINING,
+    }
 )
 # Statuses a worker may pick up: waiting in the queue, or mid-pipeline after its worker died.
 CLAIMABLE: frozenset[RunStatus] = WORKING | {RunStatus.PENDING}

@@ -24,11 +24,13 @@ def advantage(reward: float, mean: float, std: float, *, scale: bool = True) -> 
 
 
 def rl_record(t: TrainingTrajectory, mean: float, std: float, *, scale: bool) -> dict[str, Any]:
-    """One rollout in TRL's conversational prompt/completion form."""
+    """One rollout in TRL's conversational prompt/completion form. The completion is the
+    whole episode (tool calls and their results kept, as TRL's tool loop trains on them): a
+    single turn is ``[{"role": "assistant", "content": ...}]`` as before."""
     assert t.reward is not None
     return {
         "prompt": t.prompt,
-        "completion": [{"role": "assistant", "content": t.completion or ""}],
+        "completion": t.episode or [{"role": "assistant", "content": ""}],
         "reward": t.reward,
         "advantage": advantage(t.reward, mean, std, scale=scale),
         "trajectory_id": str(t.id),
@@ -44,7 +46,8 @@ def to_rl_records(
     trajectories: Iterable[TrainingTrajectory], *, scale_rewards: bool = True
 ) -> list[dict[str, Any]]:
     """RL training records (the reference's ``sessions_to_rl_records``): prompt messages,
-    completion, reward and the group-relative advantage, as GRPO computes it.
+    completion messages (an agent's whole episode), reward and the group-relative advantage,
+    as GRPO computes it.
 
     The group's mean and std come from the database when the trajectories were loaded with
     ``include_group_stats=True`` (the whole group, whatever the filters kept); otherwise from

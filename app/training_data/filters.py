@@ -51,6 +51,7 @@ class Filters:
     start_date: datetime | None = None
     end_date: datetime | None = None  # inclusive
     steps: tuple[int, ...] | range | None = None
+    min_tool_calls: int | None = None  # episodes with at least this many (metadata.tool_calls)
 
     @classmethod
     def build(
@@ -66,6 +67,7 @@ class Filters:
         start_date: datetime | date | None = None,
         end_date: datetime | date | None = None,
         steps: int | Iterable[int] | None = None,
+        min_tool_calls: int | None = None,
     ) -> Filters:
         """Check and normalise the public arguments (see the module's functions)."""
         lo = _reward("min_reward", min_reward)
@@ -87,6 +89,7 @@ class Filters:
             start_date=start,
             end_date=end,
             steps=_steps(steps),
+            min_tool_calls=_count("min_tool_calls", min_tool_calls),
         )
 
 
@@ -98,6 +101,19 @@ def _reward(field: str, value: float | None) -> float | None:
     if not math.isfinite(value):
         raise TrainingDataError(field, "must be a finite number")
     return float(value)
+
+
+MAX_COUNT = 2**31 - 1  # what an int4 parameter holds
+
+
+def _count(field: str, value: int | None) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TrainingDataError(field, f"must be an integer, not {type(value).__name__}")
+    if not 0 <= value <= MAX_COUNT:
+        raise TrainingDataError(field, f"must be from 0 to {MAX_COUNT}")
+    return value
 
 
 def _instant(field: str, value: datetime | date | None, *, end_of_day: bool) -> datetime | None:
@@ -170,6 +186,15 @@ def _steps(value: int | Iterable[int] | None) -> tuple[int, ...] | range | None:
     return _values("steps", value, step)
 
 
+def tool_calls_sql(alias: str) -> str:
+    """How many tool calls the trajectory ``alias`` made, as SQL: what the workers store in
+    an episode's metadata. A row without it (a single turn, an import) or with something
+    else there made none. CASE, not AND: the cast is never tried on a value that is no
+    number."""
+    calls = f"{alias}.metadata->'tool_calls'"
+    return f"CASE WHEN jsonb_typeof({calls}) = 'number' THEN ({calls})::numeric ELSE 0 END"
+
+
 def trajectory_where(f: Filters, project_ids: Sequence[uuid.UUID] | None) -> Where:
     """The filters on ``trajectories AS t`` (``project_ids`` already resolved)."""
     w = Where()
@@ -191,11 +216,14 @@ def trajectory_where(f: Filters, project_ids: Sequence[uuid.UUID] | None) -> Whe
         w.add(f"t.step BETWEEN {w.param(f.steps.start)} AND {w.param(f.steps.stop - 1)}")
     elif f.steps is not None:
         w.among("t.step", f.steps, "int")
+    if f.min_tool_calls is not None:
+        w.add(f"{tool_calls_sql('t')} >= {w.param(f.min_tool_calls)}::int")
     return w
 
 
 def run_where(f: Filters, project_ids: Sequence[uuid.UUID] | None) -> Where:
-    """The filters on ``runs AS r`` (reward and step filters do not apply to runs)."""
+    """The filters on ``runs AS r`` (reward, step and tool-call filters do not apply to
+    runs)."""
     w = Where()
     if project_ids is not None:
         w.among("r.project_id", project_ids, "uuid")

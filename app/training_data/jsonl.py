@@ -3,9 +3,11 @@
 Export streams: PostgreSQL renders each line and batches go straight to the file, so memory
 stays flat at any size. Import is all or nothing: every line is validated before anything is
 written, then the runs and rows go in one transaction, so a bad line 9,999 leaves no trace of
-lines 1–9,998. Each run named in the file (``run_id``) becomes a new ``completed`` run of the
-target project (its id is new: the file may come from another installation); lines without a
-``run_id`` share one run.
+lines 1–9,998. Messages are :class:`~app.trajectories.messages.TrajectoryMessage` (tool
+calls and tool results included) and are stored with exactly the keys the file gives them,
+so an export imported and exported again reads the same. Each run named in the file
+(``run_id``) becomes a new ``completed`` run of the target project (its id is new: the file
+may come from another installation); lines without a ``run_id`` share one run.
 """
 
 from __future__ import annotations
@@ -18,16 +20,17 @@ from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, TextIO, Unpack
+from typing import TextIO, Unpack
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from app.core.copy_format import NULL, copy_field
-from app.core.storable import NulFreeStr, StorableObject, unstorable
+from app.core.storable import NulFreeStr, StorableObject
 from app.runs.repository import insert_run_sql
 from app.training_data import queries
 from app.training_data.filters import Filters, TrainingDataError, check_limit, check_order
 from app.training_data.library import Database, TrajectoryFilters, connect, run_sync, sync_database
+from app.trajectories.messages import TrajectoryMessage, dump_messages
 
 MAX_REPORTED_LINES = 10
 _JSON = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)
@@ -109,21 +112,6 @@ def export_jsonl(
 # --- import -----------------------------------------------------------------------------
 
 
-class Message(BaseModel):
-    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: NulFreeStr | None = Field(default=None, max_length=1_000_000)
-
-    @model_validator(mode="after")
-    def _storable_extras(self) -> Message:
-        # tool_calls, name … : free-form JSON like metadata, under the same rules.
-        reason = unstorable(self.__pydantic_extra__) if self.__pydantic_extra__ else None
-        if reason:
-            raise ValueError(reason)
-        return self
-
-
 class TrajectoryLine(BaseModel):
     """One line of a trajectory JSONL file, as :func:`export_jsonl` writes them. ``id``,
     ``project_id`` and ``task_input_id`` are accepted and not kept: imported rows get new
@@ -139,7 +127,7 @@ class TrajectoryLine(BaseModel):
     step: int = Field(default=0, ge=0, le=10_000_000)
     group_index: int = Field(default=0, ge=0, le=100_000)
     rollout_index: int = Field(default=0, ge=0, le=100_000)
-    messages: list[Message] = Field(min_length=1, max_length=10_000)
+    messages: list[TrajectoryMessage] = Field(min_length=1, max_length=10_000)
     reward: float | None = None
     reward_breakdown: StorableObject = Field(default_factory=dict)
     metadata: StorableObject = Field(default_factory=dict)
@@ -300,7 +288,6 @@ async def _copy_stream(
 ) -> AsyncIterator[bytes]:
     buffer = io.StringIO()
     for row in rows:
-        messages = [m.model_dump(exclude_none=True) for m in row.messages]
         fields = (
             str(uuid.uuid4()),
             str(run_id),
@@ -309,7 +296,7 @@ async def _copy_stream(
             str(row.step),
             str(row.group_index),
             str(row.rollout_index),
-            copy_field(_JSON.encode(messages)),
+            copy_field(_JSON.encode(dump_messages(row.messages))),
             repr(row.reward) if row.reward is not None else NULL,
             copy_field(_JSON.encode(row.reward_breakdown)),
             copy_field(_JSON.encode(row.metadata)),

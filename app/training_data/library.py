@@ -40,6 +40,8 @@ class TrajectoryFilters(TypedDict, total=False):
     - ``start_date`` / ``end_date``: when the trajectory was written, both inclusive; a naive
       datetime is UTC (as in the REST API); an end ``date`` includes that whole day.
     - ``steps``: step numbers (a list, or a ``range``).
+    - ``min_tool_calls``: agent episodes that made at least this many tool calls (the
+      ``tool_calls`` of their metadata; rows without it made none).
     """
 
     min_reward: float | None
@@ -51,6 +53,7 @@ class TrajectoryFilters(TypedDict, total=False):
     start_date: datetime | date | None
     end_date: datetime | date | None
     steps: int | Iterable[int] | None
+    min_tool_calls: int | None
 
 
 class RunFilters(TypedDict, total=False):

@@ -11,7 +11,7 @@ from typing import Any
 
 @dataclass(frozen=True, slots=True)
 class TrainingTrajectory:
-    """One stored rollout (the reference's session trace).
+    """One stored rollout (the reference's session trace): for an agent, one episode.
 
     ``messages`` is ``None`` when loaded with ``include_messages=False``; ``reward_breakdown``
     and ``metadata`` are ``None`` with ``include_metadata=False``. The group statistics are
@@ -43,13 +43,21 @@ class TrainingTrajectory:
 
     @property
     def prompt(self) -> list[dict[str, Any]]:
-        """The messages before the completion (system prompt and input)."""
+        """The messages before the policy's first turn: system prompt and input."""
         messages = self._messages()
-        return messages[:-1] if messages and messages[-1].get("role") == "assistant" else messages
+        return messages[: _first_assistant(messages)]
+
+    @property
+    def episode(self) -> list[dict[str, Any]]:
+        """Everything the policy's turns produced, from its first message on: for an agent,
+        its tool calls, their results and its final answer; for a single turn, the answer."""
+        messages = self._messages()
+        return messages[_first_assistant(messages) :]
 
     @property
     def completion(self) -> str | None:
-        """The policy's answer: the last assistant message's content."""
+        """The policy's answer: the content of the final assistant message (None when the
+        episode did not end with one, as one cut short by an error)."""
         messages = self._messages()
         if messages and messages[-1].get("role") == "assistant":
             content = messages[-1].get("content")
@@ -60,6 +68,10 @@ class TrainingTrajectory:
         if self.messages is None:
             raise ValueError("messages were not loaded (include_messages=False)")
         return self.messages
+
+
+def _first_assistant(messages: list[dict[str, Any]]) -> int:
+    return next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), len(messages))
 
 
 @dataclass(frozen=True, slots=True)

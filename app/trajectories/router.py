@@ -60,10 +60,15 @@ async def list_run_trajectories(
     step: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
     min_reward: Annotated[float | None, Query(description="Inclusive lower bound.")] = None,
     max_reward: Annotated[float | None, Query(description="Inclusive upper bound.")] = None,
+    min_tool_calls: Annotated[
+        int | None,
+        Query(ge=0, le=INT32_MAX, description="Agent episodes with at least this many tool calls."),
+    ] = None,
 ) -> dict[str, object]:
-    """The run's trajectories by (step, group, rollout), optionally filtered by reward."""
+    """The run's trajectories by (step, group, rollout), optionally filtered by reward and
+    by the tool calls of their episodes."""
     check_range("min_reward", min_reward, "max_reward", max_reward)
-    scope = (run_id, step, min_reward, max_reward)
+    scope = (run_id, step, min_reward, max_reward, min_tool_calls)
     after = None
     if page.after:
         step_, group, rollout = decode_cursor(
@@ -77,6 +82,7 @@ async def list_run_trajectories(
         step=step,
         min_reward=min_reward,
         max_reward=max_reward,
+        min_tool_calls=min_tool_calls,
         after=after,
         limit=page.limit + 1,
     )
@@ -140,6 +146,15 @@ def trajectory_filters(
         list[Annotated[int, Query(ge=0, le=INT32_MAX)]] | None,
         Query(max_length=MAX_STEPS),
     ] = None,
+    min_tool_calls: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=INT32_MAX,
+            description="Agent episodes that made at least this many tool calls "
+            "(metadata.tool_calls; a row without it made none).",
+        ),
+    ] = None,
 ) -> Filters:
     try:
         return Filters.build(
@@ -152,6 +167,7 @@ def trajectory_filters(
             start_date=start_date,
             end_date=end_date,
             steps=step,
+            min_tool_calls=min_tool_calls,
         )
     except EmptyRangeError as exc:
         raise range_problem(f"query.{exc.field}", exc.message) from exc

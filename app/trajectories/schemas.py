@@ -7,13 +7,15 @@ from typing import Any
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from app.core.pagination import Page
+from app.trajectories.messages import ServedMessages
 
 
 class TrajectoryPublic(BaseModel):
-    """One rollout: the messages (system prompt, input, completion), its reward with the
-    breakdown and judges' explanations, and where it came from. ``messages`` is null when
-    asked for without (``include_messages=false``); ``reward_breakdown`` and ``metadata``
-    with ``include_metadata=false``."""
+    """One rollout: the messages (system prompt, input, completion; an agent's episode adds
+    its tool calls and their results), its reward with the breakdown and judges'
+    explanations, and where it came from. ``messages`` is null when asked for without
+    (``include_messages=false``); ``reward_breakdown`` and ``metadata`` with
+    ``include_metadata=false``."""
 
     model_config = ConfigDict(from_attributes=True, populate_by_name=True)
 
@@ -25,7 +27,7 @@ class TrajectoryPublic(BaseModel):
     group_index: int
     rollout_index: int
     task_input_id: uuid.UUID | None
-    messages: list[dict[str, Any]] | None
+    messages: ServedMessages
     reward: float | None
     reward_breakdown: dict[str, Any] | None
     metadata: dict[str, Any] | None = Field(validation_alias=AliasChoices("meta", "metadata"))

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 
 import asyncpg
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from app.training_data import queries
-from app.training_data.filters import Filters, Order
+from app.training_data.filters import Filters, Order, tool_calls_sql
 from app.training_data.records import TrainingTrajectory
 from app.trajectories.models import Trajectory
 
@@ -27,10 +27,12 @@ async def list_for_run(
     step: int | None,
     min_reward: float | None,
     max_reward: float | None,
+    min_tool_calls: int | None = None,
     after: RunPosition | None,
     limit: int,
 ) -> list[Trajectory]:
-    """The run's trajectories by (step, group, rollout) after ``after``, by reward bounds."""
+    """The run's trajectories by (step, group, rollout) after ``after``, by reward bounds
+    and the tool calls of their episodes."""
     query = select(Trajectory).where(col(Trajectory.run_id) == run_id)
     if step is not None:
         query = query.where(col(Trajectory.step) == step)
@@ -38,6 +40,9 @@ async def list_for_run(
         query = query.where(col(Trajectory.reward) >= min_reward)
     if max_reward is not None:
         query = query.where(col(Trajectory.reward) <= max_reward)
+    if min_tool_calls is not None:
+        calls = text(f"{tool_calls_sql('trajectories')} >= :min_tool_calls")
+        query = query.where(calls.bindparams(min_tool_calls=min_tool_calls))
     order = (col(Trajectory.step), col(Trajectory.group_index), col(Trajectory.rollout_index))
     if after is not None:
         query = query.where(func.row(*order) > func.row(*after))

@@ -99,6 +99,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
+@pytest.fixture(scope="session")
+def tool_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The agent variant of the tiny model: a chat template with TRL's tool-call format."""
+    from workers.ml.tiny_model import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama-tools", tools=True)
+
+
 @pytest.fixture
 def worker_home(tmp_path: Path) -> dict[str, str]:
     """Worker settings for the real training pipeline, with artefacts under the test's
@@ -147,3 +155,23 @@ def letters_run(model: Path, **overrides: Any) -> dict[str, Any]:
 def letter_rows(steps: int, groups: int = 2, rollouts: int = 8) -> list[tuple[int, int, int]]:
     """Every (step, group, rollout) of a letters run's first ``steps`` steps (from step 1)."""
     return [(s, g, r) for s in range(1, steps + 1) for g in range(groups) for r in range(rollouts)]
+
+
+AGENT_PRESET = ROOT / "configs" / "runs" / "agent-calculator.yaml"
+
+
+def agent_run(model: Path, **overrides: Any) -> dict[str, Any]:
+    """The calculator agent run of ``configs/runs/agent-calculator.yaml`` on ``model``
+    (``grpo``, ``environment`` and ``sft`` overrides merge; anything else replaces; an
+    override of None removes the field)."""
+    from app.core.config_files import load_preset
+
+    body: dict[str, Any] = {**load_preset(AGENT_PRESET), "model_name": str(model)}
+    for key, value in overrides.items():
+        if value is None:
+            body.pop(key, None)
+        elif key in ("grpo", "environment", "sft") and isinstance(body.get(key), dict):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return body

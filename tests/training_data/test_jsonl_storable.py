@@ -31,7 +31,21 @@ def line(**fields: Any) -> str:
         (line(metadata={"k": "a\u0000"}), "metadata", "NUL"),
         (line(messages=[{"role": "user", "content": "a\u0000"}]), "messages.0.content", "NUL"),
         (
-            line(messages=[{"role": "assistant", "tool_calls": [nest(MAX_JSON_DEPTH)]}]),
+            line(
+                messages=[
+                    {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {"function": {"name": "f", "arguments": nest(MAX_JSON_DEPTH + 1)}}
+                        ],
+                    }
+                ]
+            ),
+            "messages.0.tool_calls.0.function.arguments",
+            "levels deep",
+        ),
+        (  # keys a message does not name are free-form JSON, under the same rules
+            line(messages=[{"role": "assistant", "annotations": [nest(MAX_JSON_DEPTH)]}]),
             "messages.0",
             "levels deep",
         ),

@@ -12,25 +12,44 @@ import asyncio
 from pathlib import Path
 
 from app.checkpoints import service as checkpoints
+from app.runs.models import Run
 from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
+from workers.environments import LoadedEnvironment
 from workers.ml.vllm_engine import check_vllm
 from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare_inputs
 from workers.pipeline.plan import build_plan
-from workers.rewards import make_scorer
+from workers.rewards import Scorer, make_scorer
 
 S = RunStatus
 
 
 async def run_pipeline(ctx: RunContext) -> None:
-    from workers.pipeline.training import RunPaths, check_model, train
+    from workers.pipeline.training import check_model
 
     run = await ctx.load()
     scorer = make_scorer(run.reward)
     await asyncio.to_thread(scorer.check)  # judges are reached over the network
-    await asyncio.to_thread(check_model, run.model_name)
+    await asyncio.to_thread(check_model, run.model_name, tools=run.environment is not None)
     check_vllm(run.grpo.get("engine", "transformers"))
+    environment = None
+    if run.environment is not None:
+        from workers.environments import load_environment
+
+        # Imports, constructors, tool schemas, an MCP server: all before the first step.
+        environment = await asyncio.to_thread(load_environment, run.environment)
+    try:
+        await _stages(ctx, run, scorer, environment)
+    finally:
+        if environment is not None:
+            await asyncio.to_thread(environment.close)
+
+
+async def _stages(
+    ctx: RunContext, run: Run, scorer: Scorer, environment: LoadedEnvironment | None
+) -> None:
+    from workers.pipeline.training import RunPaths, train
 
     status = RunStatus(run.status)
     if status == S.PENDING and run.step == 0:
@@ -49,6 +68,11 @@ async def run_pipeline(ctx: RunContext) -> None:
             data=counts,
         )
 
+    paths = RunPaths(ctx.settings.artifacts / str(run.id))
+    start = None
+    if run.sft is not None:
+        start = str(await _warm_up(ctx, run, paths.root, environment))
+
     grpo = run.grpo
     plan = build_plan(
         await load_inputs(ctx, "train"),
@@ -58,7 +82,6 @@ async def run_pipeline(ctx: RunContext) -> None:
         seed=grpo["seed"],
     )
     validation = await load_inputs(ctx, "validation")
-    paths = RunPaths(ctx.settings.artifacts / str(run.id))
     async with ctx.runtime.session() as session:
         latest = await checkpoints.latest(session, ctx.run_id)
     resume = None
@@ -70,7 +93,9 @@ async def run_pipeline(ctx: RunContext) -> None:
             data={"path": latest.path, "step": latest.step},
         )
 
-    final = await asyncio.to_thread(train, ctx, run, plan, validation, scorer, paths, resume)
+    final = await asyncio.to_thread(
+        train, ctx, run, plan, validation, scorer, paths, resume, environment, start
+    )
 
     run = await ctx.load()
     async with ctx.session() as session:
@@ -86,3 +111,35 @@ async def run_pipeline(ctx: RunContext) -> None:
             message=f"completed {len(plan)} steps; final model at {final}",
             data={"final_model": str(final)},
         )
+
+
+async def _warm_up(
+    ctx: RunContext, run: Run, root: Path, environment: LoadedEnvironment | None
+) -> Path:
+    """The SFT warm-up's model: trained now (or resumed) while the run is ``warming_up``;
+    found on disk when a later stage of the run is resumed."""
+    from workers.pipeline import sft
+
+    if await asyncio.to_thread(sft.done, root):
+        return sft.model_dir(root)
+    status = RunStatus((await ctx.load()).status)
+    if status not in (S.GENERATING, S.WARMING_UP):
+        raise sft.SftUnavailable(
+            f"the run is {status.value} but its SFT warm-up model is gone from "
+            f"{sft.model_dir(root)}: the artifacts folder must outlive the run's workers"
+        )
+    chats = await sft.examples(ctx, run)
+    spec = run.sft or {}
+    if status == S.GENERATING:
+        await ctx.move(
+            S.WARMING_UP,
+            expected=S.GENERATING,
+            message=f"SFT warm-up: {len(chats)} examples, {spec.get('epochs', 1)} epoch(s)",
+            data={"examples": len(chats)},
+        )
+    factory = environment.factory if environment is not None else None
+    model = await asyncio.to_thread(sft.warm_up, ctx, run, root, chats, factory)
+    await ctx.event(
+        "sft", f"SFT warm-up done; GRPO starts from {model}", data={"model": str(model)}
+    )
+    return model

@@ -31,9 +31,11 @@ from app.runs.models import Run
 from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
+from workers.environments import LoadedEnvironment
+from workers.pipeline import episodes
 from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.pipeline.writes import WriteBehind
-from workers.rewards import Group, Rollout, Scorer
+from workers.rewards import Group, Rollout, Score, Scorer
 
 log = logging.getLogger(__name__)
 S = RunStatus
@@ -43,8 +45,9 @@ class ModelUnavailable(RuntimeError):
     pass
 
 
-def check_model(model_name: str) -> None:
-    """Fail before any step if the model or its tokenizer cannot be loaded here."""
+def check_model(model_name: str, *, tools: bool = False) -> None:
+    """Fail before any step if the model or its tokenizer cannot be loaded here (with
+    ``tools``: or if TRL cannot run tool calls with its chat template)."""
     from transformers import AutoConfig, AutoTokenizer
 
     where = "folder" if os.path.isdir(model_name) else "hub id"
@@ -65,6 +68,21 @@ def check_model(model_name: str) -> None:
         ) from exc
     if not getattr(tokenizer, "chat_template", None):
         raise ModelUnavailable(f"the tokenizer of {model_name!r} has no chat template")
+    if tools:
+        from trl.chat_template_utils import add_response_schema, supports_tool_calling
+
+        if not supports_tool_calling(tokenizer):
+            raise ModelUnavailable(
+                f"the chat template of {model_name!r} cannot render tool calls and results, "
+                "so it cannot run an environment"
+            )
+        if getattr(tokenizer, "response_template", None) is None:
+            try:
+                add_response_schema(tokenizer)
+            except ValueError as exc:
+                raise ModelUnavailable(
+                    f"TRL cannot parse the tool calls of {model_name!r}: {exc}"
+                ) from exc
 
 
 def prompt_messages(system_prompt: str | None, input_text: str) -> list[dict[str, str]]:
@@ -121,9 +139,14 @@ class StepBridge:
         input_id: list[str],
         context: list[str],
         trainer_state: Any,
+        environments: list[Any] | None = None,
         **_: Any,
     ) -> list[float | None]:
-        texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        episodes = self._episodes(completions, environments)
+        if episodes is None:
+            texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
+        else:
+            texts = [e.final for e in episodes]
         g = self.group_size
         if len(texts) % g:
             raise RuntimeError(f"{len(texts)} completions do not split into groups of {g}")
@@ -138,7 +161,12 @@ class StepBridge:
                     index=gi,
                     input_text=prompts[first][-1]["content"],
                     context=json.loads(context[first]),
-                    rollouts=[Rollout(prompts[i], texts[i]) for i in range(first, first + g)],
+                    rollouts=[
+                        Rollout(prompts[i], texts[i])
+                        if episodes is None
+                        else Rollout(prompts[i], texts[i], episodes[i].messages, environments[i])
+                        for i in range(first, first + g)
+                    ],
                 )
             )
         if self.trainer is not None and not self.trainer.model.training:
@@ -152,8 +180,12 @@ class StepBridge:
                 "group_index": i // g,
                 "rollout_index": i % g,
                 "task_input_id": uuid.UUID(input_id[i]),
-                "messages": [*prompts[i], {"role": "assistant", "content": texts[i]}],
-                "metadata": {"engine": self.engine, "completion_tokens": len(completion_ids[i])},
+                "messages": [*prompts[i], *groups[i // g].rollouts[i % g].response],
+                "metadata": {
+                    "engine": self.engine,
+                    "completion_tokens": len(completion_ids[i]),
+                    **(episodes[i].metadata if episodes is not None else {}),
+                },
             }
             for i in range(len(texts))
         ]
@@ -164,6 +196,18 @@ class StepBridge:
             self.writes.submit(lambda: self._store_rollouts(step, rollouts))
 
         scores = self.scorer.score(groups)
+        if episodes is not None:
+            # An episode whose environment failed under it (its MCP server gone) is not the
+            # policy's doing: it is recorded with the reason and not trained on.
+            scores = [
+                [
+                    Score(None, {"episode_error": episodes[gi * g + ri].failure})
+                    if episodes[gi * g + ri].failure
+                    else s
+                    for ri, s in enumerate(row)
+                ]
+                for gi, row in enumerate(scores)
+            ]
         rewards = [s.reward for row in scores for s in row]
         self.stats.rewards = [r for r in rewards if r is not None]
         self.stats.dropped_groups = sum(1 for row in scores if all(s.reward is None for s in row))
@@ -180,6 +224,18 @@ class StepBridge:
             self.writes.submit(lambda: self._store_rewards(step, rows))
         self.ctx.check(pause_ok=False)
         return rewards
+
+    def _episodes(
+        self, completions: list[Any], environments: list[Any] | None
+    ) -> list[episodes.Episode] | None:
+        """Each rollout's episode when the run has an environment (TRL's tool loop ran)."""
+        if environments is None:
+            return None
+        masks = getattr(self.trainer, "last_tool_mask", None) or [None] * len(completions)
+        return [
+            episodes.build(c, env._records, mask, env._failure)
+            for c, env, mask in zip(completions, environments, masks, strict=True)
+        ]
 
     # Each write commits its data with the phase change, fenced on the lease: one statement
     # each (app.runs.step_moves), since the trainer waits on none of them but shares the GIL.
@@ -213,8 +269,11 @@ class StepBridge:
         return self.ctx.settings.lease_ttl_seconds
 
 
-def grpo_config(run: Run, paths: RunPaths, n_steps: int, *, evaluate: bool) -> Any:
-    """The run's settings mapped onto TRL's GRPOConfig."""
+def grpo_config(
+    run: Run, paths: RunPaths, n_steps: int, *, evaluate: bool, max_turns: int | None = None
+) -> Any:
+    """The run's settings mapped onto TRL's GRPOConfig (``max_turns``: an agent run's
+    environment.max_turns, TRL's max_tool_calling_iterations)."""
     import torch
     from trl import GRPOConfig
 
@@ -236,6 +295,8 @@ def grpo_config(run: Run, paths: RunPaths, n_steps: int, *, evaluate: bool) -> A
         kwargs.update(
             use_vllm=True, vllm_mode="server", vllm_server_base_url=grpo["vllm_server_url"]
         )
+    if max_turns is not None:
+        kwargs["max_tool_calling_iterations"] = max_turns
     if evaluate:
         kwargs.update(
             eval_strategy="steps",
@@ -303,8 +364,14 @@ def train(
     scorer: Scorer,
     paths: RunPaths,
     resume_from: Path | None,
+    environment: LoadedEnvironment | None = None,
+    model: str | None = None,
 ) -> Path:
-    """Run TRL's GRPO over the plan (blocking); returns the final model's folder."""
+    """Run TRL's GRPO over the plan (blocking); returns the final model's folder.
+
+    With an ``environment``, every rollout is an episode in it: TRL's own multi-turn loop
+    calls the tools and masks their results out of the loss. ``model``: where GRPO starts
+    (an SFT warm-up's output); unset, the run's model_name."""
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
     from datasets import Dataset
     from trl import GRPOTrainer
@@ -334,14 +401,24 @@ def train(
 
         prepare_colocate()
     bridge = StepBridge(ctx, run, scorer, engine=engine)
-    trainer = GRPOTrainer(
-        model=run.model_name,
+    agent: dict[str, Any] = {}
+    if environment is not None:
+        agent["environment_factory"] = environment.factory
+    trainer = (agent_trainer_class() if environment is not None else GRPOTrainer)(
+        model=model or run.model_name,
         reward_funcs=bridge,
-        args=grpo_config(run, paths, len(plan), evaluate=evaluate),
+        args=grpo_config(
+            run,
+            paths,
+            len(plan),
+            evaluate=evaluate,
+            max_turns=environment.max_turns if environment is not None else None,
+        ),
         train_dataset=dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
         callbacks=[RunCallback(ctx, run, bridge, paths, plan)],
+        **agent,
     )
     bridge.trainer = trainer
     # Trainyard records every step itself; the console printers would only flood worker logs.
@@ -369,6 +446,23 @@ def train(
     os.rename(staging, final)
     shutil.rmtree(paths.staging, ignore_errors=True)
     return final
+
+
+def agent_trainer_class() -> type:
+    """TRL's GRPOTrainer, unchanged, keeping the tool mask of its last generation so each
+    stored episode can say how many of its tokens were trained on and how many (the tool
+    results) were masked out of the loss."""
+    from trl import GRPOTrainer
+
+    class AgentTrainer(GRPOTrainer):  # type: ignore[misc]
+        last_tool_mask: list[list[int]] | None = None
+
+        def _generate(self, prompts: list[Any]) -> Any:
+            out = super()._generate(prompts)
+            self.last_tool_mask = out[2]  # (prompt_ids, completion_ids, tool_mask, ...)
+            return out
+
+    return AgentTrainer
 
 
 async def _start_collecting(ctx: RunContext) -> None:

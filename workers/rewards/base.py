@@ -6,10 +6,23 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class Rollout:
-    """One completion: the conversation so far plus the model's answer."""
+    """One completion: the conversation so far plus the model's answer.
 
-    prompt: list[dict[str, str]]
+    An agent's rollout is an episode: ``episode`` holds every message from the model's first
+    turn on (tool calls, tool results, the final answer, which ``completion`` repeats), and
+    ``environment`` the instance it played in (for the ``environment`` reward)."""
+
+    prompt: list[dict[str, Any]]
     completion: str
+    episode: list[dict[str, Any]] | None = None
+    environment: Any = None
+
+    @property
+    def response(self) -> list[dict[str, Any]]:
+        """What the model produced, as messages: the episode, or the one answer."""
+        if self.episode is not None:
+            return self.episode
+        return [{"role": "assistant", "content": self.completion}]
 
 
 @dataclass(frozen=True)

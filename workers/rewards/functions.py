@@ -1,6 +1,8 @@
 """Programmatic rewards: built-ins and user functions, combined by weight.
 
-Every function is called as ``fn(completion, *, prompt, context, **args) -> float``; user
+Every function is called as ``fn(completion, *, prompt, context, **args) -> float``; in a
+run with an environment also with ``messages`` (the whole episode) and ``environment`` (the
+rollout's environment instance), ``completion`` being the final answer. User
 functions are named by import path (``package.module:function``) and must be importable on
 the workers. The built-ins are listed, with what each does and its arguments, in
 :data:`app.runs.rewards.BUILTIN_REWARDS`; their implementations here attach to that list.
@@ -19,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.runs.rewards import BUILTIN_REWARDS, builtin_args
-from workers.rewards.base import Group, Score
+from workers.rewards.base import Group, Rollout, Score
 
 RewardFn = Callable[..., float]
 
@@ -74,6 +76,16 @@ def char_fraction(completion: str, *, char: str, **_: Any) -> float:
     return completion.count(char) / len(completion) if completion else 0.0
 
 
+@_builtin
+def environment(
+    completion: str, *, environment: Any = None, messages: Any = None, **_: Any
+) -> float:
+    if environment is None:
+        raise ValueError("the 'environment' reward function needs a run with a python environment")
+    value = environment._reward(completion, messages or [])
+    return 0.0 if value is None else float(value)
+
+
 if _IMPLEMENTATIONS.keys() != BUILTIN_REWARDS.keys():  # not an assert: python -O keeps it
     raise RuntimeError(
         "built-in rewards without an implementation: "
@@ -105,6 +117,14 @@ def resolve(name: str, args: dict[str, Any] | None = None) -> RewardFn:
     return partial(fn, **(args or {}))
 
 
+def _episode(rollout: Rollout) -> dict[str, Any]:
+    """What an agent's reward functions get beyond a single-turn one's: the whole
+    conversation and the environment instance (single-turn calls stay as they were)."""
+    if rollout.episode is None:
+        return {}
+    return {"messages": [*rollout.prompt, *rollout.episode], "environment": rollout.environment}
+
+
 class FunctionScorer:
     # Scores in microseconds: the training loop stores rollouts and rewards together.
     instant = True
@@ -133,7 +153,12 @@ class FunctionScorer:
                 parts: dict[str, float] = {}
                 for name, fn, _ in self.functions:
                     value = float(
-                        fn(rollout.completion, prompt=rollout.prompt, context=group.context)
+                        fn(
+                            rollout.completion,
+                            prompt=rollout.prompt,
+                            context=group.context,
+                            **_episode(rollout),
+                        )
                     )
                     parts[name] = value if math.isfinite(value) else 0.0
                 total = sum(parts[n] * w for n, _, w in self.functions) / self.total_weight

@@ -141,10 +141,24 @@ def answer_schema() -> dict[str, Any]:
     }
 
 
+def _response(rollout: Rollout) -> str:
+    """The answer; for an agent, the whole episode (tool calls and results included)."""
+    return rollout.completion if rollout.episode is None else render_messages(rollout.episode)
+
+
+def _model_text(rollout: Rollout) -> str:
+    """Everything the policy wrote (not what tools returned), for the injection check."""
+    if rollout.episode is None:
+        return rollout.completion
+    return "\n".join(
+        str(m.get("content") or "") for m in rollout.episode if m.get("role") == "assistant"
+    )
+
+
 def judge_messages(name: str, group: Group, rollout: Rollout) -> list[dict[str, str]]:
     user = (
         f"<conversation>\n{render_messages(rollout.prompt)}\n</conversation>\n\n"
-        f"<response>\n{rollout.completion}\n</response>"
+        f"<response>\n{_response(rollout)}\n</response>"
         + reference_block(group)
         + f"\n\nJudge the response's {name}."
     )
@@ -384,7 +398,7 @@ class RimScorer:
                 continue
             score = finalise(
                 {name: verdicts[(gi, ri, name)] for name in used},
-                rollout.completion,
+                _model_text(rollout),
                 self.rules,
                 self.anti_gaming,
             )

@@ -22,16 +22,34 @@ def message_text(message: dict[str, Any]) -> str:
     return str(content)
 
 
+def render_message(message: dict[str, Any]) -> str:
+    """One message as a tagged block; an agent's tool calls and results are shown as the
+    model wrote and saw them (a failed call is marked)."""
+    role = message.get("role", "unknown")
+    attrs = f'role="{role}"'
+    if role == "tool":
+        if message.get("name"):
+            attrs += f' name="{message["name"]}"'
+        if message.get("error"):
+            attrs += ' error="true"'
+    body = message_text(message)
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False, default=str)
+        body += f'\n<tool_call name="{function.get("name", "")}">{arguments}</tool_call>'
+    return f"<message {attrs}>\n{body}\n</message>"
+
+
 def render_messages(messages: list[dict[str, Any]]) -> str:
-    return "\n".join(
-        f'<message role="{m.get("role", "unknown")}">\n{message_text(m)}\n</message>'
-        for m in messages
-    )
+    return "\n".join(render_message(m) for m in messages)
 
 
 def conversation(rollout: Rollout) -> list[dict[str, Any]]:
-    """The rollout's whole conversation: its prompt and the assistant's answer."""
-    return [*rollout.prompt, {"role": "assistant", "content": rollout.completion}]
+    """The rollout's whole conversation: its prompt and what the model produced (every
+    turn of an episode)."""
+    return [*rollout.prompt, *rollout.response]
 
 
 def shared_prefix(conversations: list[list[dict[str, Any]]]) -> int:
@@ -46,7 +64,7 @@ def shared_prefix(conversations: list[list[dict[str, Any]]]) -> int:
 
 
 def _same(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return a.get("role") == b.get("role") and message_text(a) == message_text(b)
+    return a.get("role") == b.get("role") and render_message(a) == render_message(b)
 
 
 def reference_block(group: Group) -> str:

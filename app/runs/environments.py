@@ -1,0 +1,283 @@
+"""Where an agent acts: a run's ``environment``, a tagged union on ``type``.
+
+- ``tools``: plain functions the model may call (built-ins or ``package.module:function``);
+- ``python``: an environment object with tools, state per episode and its own reward (a
+  built-in, or ``package.module:Class``), made from ``args`` and each input's context;
+- ``mcp``: the tools of an MCP server, started over stdio (``command``) or reached over
+  streamable HTTP (``url``).
+
+Every kind bounds an episode the same way: ``max_turns`` tool-calling rounds (TRL's
+``max_tool_calling_iterations``), a timeout per call and a cap on each result's length.
+
+Validated when the run is created, so a typo in a tool's name is a 422 naming the field,
+not a failure an hour later on a GPU. :data:`BUILTIN_TOOLS` and
+:data:`BUILTIN_ENVIRONMENTS` are the one list of built-ins: the workers attach their
+implementations to these names, as they do for :data:`~app.runs.rewards.BUILTIN_REWARDS`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from app.core.errors import inconsistent
+from app.core.storable import NulFreeStr, StorableObject
+from app.runs.rewards import ENV_NAME, IMPORT_PATH, Strict, builtin_or_import_path
+
+# --- built-ins -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltinTool:
+    name: str
+    summary: str
+
+
+BUILTIN_TOOLS: dict[str, BuiltinTool] = {
+    t.name: t
+    for t in (
+        BuiltinTool("add", "add(a, b): a + b"),
+        BuiltinTool("subtract", "subtract(a, b): a - b"),
+        BuiltinTool("multiply", "multiply(a, b): a * b"),
+        BuiltinTool("divide", "divide(a, b): a / b (dividing by zero is a tool error)"),
+    )
+}
+
+
+class CalculatorArgs(Strict):
+    """The calculator takes no arguments."""
+
+
+class LookupArgs(Strict):
+    # A plain object here: args as a whole is a StorableObject, checked before these.
+    store: dict[str, Any] | None = Field(
+        default=None,
+        description="The key-value store of every episode; unset: each input's context.store.",
+    )
+
+
+@dataclass(frozen=True)
+class BuiltinEnvironment:
+    name: str
+    summary: str
+    args: type[Strict]
+
+
+BUILTIN_ENVIRONMENTS: dict[str, BuiltinEnvironment] = {
+    e.name: e
+    for e in (
+        BuiltinEnvironment(
+            "calculator",
+            "arithmetic tools add/subtract/multiply/divide; rewards the right final answer "
+            "(context.answer)",
+            CalculatorArgs,
+        ),
+        BuiltinEnvironment(
+            "lookup",
+            "a small key-value store the agent must query with lookup(key) and list_keys(), "
+            "from args.store or the input's context.store; rewards the right final answer "
+            "(context.answer)",
+            LookupArgs,
+        ),
+    )
+}
+
+_TOOL_NAME, _TOOL_NAME_RE = builtin_or_import_path(BUILTIN_TOOLS)
+_FACTORY, _FACTORY_RE = builtin_or_import_path(BUILTIN_ENVIRONMENTS)
+
+
+def _no_repeats(values: list[str] | None, what: str) -> list[str] | None:
+    if values is not None:
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise ValueError(f"{what} named more than once: {', '.join(repeated)}")
+    return values
+
+
+# --- the environments ----------------------------------------------------------------------
+
+
+class _Episode(Strict):
+    """How far an episode may go, whatever the environment."""
+
+    max_turns: int = Field(
+        default=4,
+        ge=1,
+        le=50,
+        description="The most tool-calling rounds in an episode: TRL's "
+        "max_tool_calling_iterations; the model answers after at most this many.",
+    )
+    tool_timeout_seconds: float = Field(
+        default=10,
+        gt=0,
+        le=600,
+        description="How long one tool call may take; a call that runs over is a tool "
+        "error the model sees.",
+    )
+    max_tool_output_chars: int = Field(
+        default=4000,
+        ge=100,
+        le=1_000_000,
+        description="The longest tool result the model is shown; longer results are cut and "
+        "marked.",
+    )
+
+
+ToolName = Annotated[
+    str,
+    Field(
+        max_length=300,
+        json_schema_extra={"pattern": _TOOL_NAME},
+        description="A built-in tool ("
+        + "; ".join(f"{t.name}: {t.summary}" for t in BUILTIN_TOOLS.values())
+        + ") or a dotted import path 'package.module:function' importable on the workers.",
+    ),
+]
+
+
+class ToolsEnvironment(_Episode):
+    """Plain functions the model may call; the run's reward scores the episode."""
+
+    type: Literal["tools"]
+    tools: list[ToolName] = Field(
+        min_length=1,
+        max_length=32,
+        json_schema_extra={"uniqueItems": True},
+        description="The tools, each named once; the model sees their signatures and docstrings.",
+    )
+
+    @field_validator("tools")
+    @classmethod
+    def _known(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _TOOL_NAME_RE.match(name):
+                raise ValueError(
+                    f"unknown tool {name!r}: use a built-in ({', '.join(sorted(BUILTIN_TOOLS))})"
+                    " or 'package.module:function'"
+                )
+        _no_repeats(value, "tools")
+        return value
+
+
+def _describe_builtin_args(schema: dict[str, Any]) -> None:
+    """Say in the document which args each built-in environment takes (one branch each, and
+    one for user factories, whose args are free-form), as rewards.py does for built-in
+    reward functions, so that a client that follows it sends args the validator accepts."""
+    branches: list[dict[str, Any]] = []
+    for builtin in BUILTIN_ENVIRONMENTS.values():
+        args = builtin.args.model_json_schema()
+        args.pop("title", None)
+        branches.append({"properties": {"factory": {"const": builtin.name}, "args": args}})
+    branches.append({"properties": {"factory": {"pattern": f"^{IMPORT_PATH}$"}}})
+    schema["anyOf"] = branches
+
+
+class PythonEnvironment(_Episode):
+    """An environment object per episode: its methods are the tools, it keeps the episode's
+    state, and its get_reward is what the ``environment`` reward function returns."""
+
+    model_config = ConfigDict(json_schema_extra=_describe_builtin_args)
+
+    type: Literal["python"]
+    factory: str = Field(
+        max_length=300,
+        json_schema_extra={"pattern": _FACTORY},
+        description="A built-in environment ("
+        + "; ".join(f"{e.name}: {e.summary}" for e in BUILTIN_ENVIRONMENTS.values())
+        + ") or a dotted import path 'package.module:Class' importable on the workers.",
+    )
+    args: StorableObject = Field(
+        default_factory=dict,
+        description="Keyword arguments of the factory; a built-in's are checked here "
+        "(lookup: store).",
+    )
+
+    @field_validator("factory")
+    @classmethod
+    def _known(cls, value: str) -> str:
+        if not _FACTORY_RE.match(value):
+            raise ValueError(
+                f"unknown environment {value!r}: use a built-in "
+                f"({', '.join(sorted(BUILTIN_ENVIRONMENTS))}) or 'package.module:Class'"
+            )
+        return value
+
+    @field_validator("args")
+    @classmethod
+    def _builtin_args(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
+        builtin = BUILTIN_ENVIRONMENTS.get(info.data.get("factory", ""))
+        if builtin is None:
+            return value  # a user factory's args are the user's to check
+        try:
+            builtin.args.model_validate(value)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"])
+            raise ValueError(f"{builtin.name} {where or 'args'}: {first['msg']}") from None
+        return value
+
+
+EnvName = Annotated[str, Field(max_length=200, pattern=ENV_NAME)]
+
+
+def _every_key_a_name(schema: dict[str, Any]) -> None:
+    # pydantic writes constrained keys as patternProperties, which leaves other keys
+    # unconstrained in the document: say "every key" instead.
+    value = schema.pop("patternProperties").popitem()[1]
+    schema["propertyNames"] = {"pattern": ENV_NAME, "maxLength": 200}
+    schema["additionalProperties"] = value
+
+
+class McpEnvironment(_Episode):
+    """The tools of an MCP server; the run's reward scores the episode."""
+
+    type: Literal["mcp"]
+    command: list[Annotated[NulFreeStr, Field(min_length=1, max_length=4000)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=64,
+        description="The argv of an MCP server the worker starts over stdio, e.g. "
+        "['python', '-m', 'my_server']. Not with url.",
+    )
+    url: NulFreeStr | None = Field(
+        default=None,
+        max_length=2000,
+        pattern=r"^https?://",
+        validate_default=True,  # so that neither command nor url is a 422 naming url
+        description="An MCP server over streamable HTTP, e.g. http://host:8000/mcp. Not with "
+        "command.",
+    )
+    tools: list[Annotated[NulFreeStr, Field(min_length=1, max_length=500)]] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=256,
+        json_schema_extra={"uniqueItems": True},
+        description="The server's tools the model may call; unset: all it offers.",
+    )
+    env: dict[EnvName, Annotated[NulFreeStr, Field(max_length=10_000)]] = Field(
+        default_factory=dict,
+        max_length=50,
+        json_schema_extra=_every_key_a_name,
+        description="Extra environment variables of a stdio server.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _command_or_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if "command" not in info.data:
+            return value  # command itself was invalid; that is the error to report
+        if (info.data["command"] is None) == (value is None):
+            raise inconsistent("give exactly one of command (a stdio server) and url")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _once_each(cls, value: list[str] | None) -> list[str] | None:
+        return _no_repeats(value, "tools")
+
+
+EnvironmentSpec = Annotated[
+    ToolsEnvironment | PythonEnvironment | McpEnvironment, Field(discriminator="type")
+]

@@ -1,0 +1,134 @@
+"""Tools are untrusted code: every call has a deadline and an output cap, and whatever goes
+wrong becomes a tool error the model sees, recorded with the call, instead of an exception
+that would end the episode, the step or the worker.
+
+TRL's tool loop calls each tool synchronously from the training thread and turns an
+exception into the tool message ``{'error': ...}``; a call here therefore ends either with
+its (capped) text or with :class:`ToolFailed` carrying a message written for the model.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+TRUNCATED = "\n[... output truncated: {cut} of {total} characters not shown]"
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The run's ``environment.tool_timeout_seconds`` and ``max_tool_output_chars``."""
+
+    timeout: float
+    max_output_chars: int
+
+    @classmethod
+    def of(cls, spec: dict[str, Any]) -> Limits:
+        return cls(float(spec["tool_timeout_seconds"]), int(spec["max_tool_output_chars"]))
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What the stored tool message says beyond its content."""
+
+    name: str
+    duration_ms: float
+    error: str | None = None
+    truncated: bool = False
+
+
+class ToolFailed(Exception):
+    """A tool call that produced no result; its message is what the model is shown."""
+
+
+class ToolTimeout(ToolFailed):
+    pass
+
+
+class EpisodeFailed(ToolFailed):
+    """The episode cannot go on (its MCP server is gone): it is recorded as failed."""
+
+
+def as_text(result: Any) -> str:
+    if isinstance(result, str):
+        return result
+    if isinstance(result, dict | list | tuple | int | float | bool) or result is None:
+        try:
+            return json.dumps(result, ensure_ascii=False, default=str)
+        except (TypeError, ValueError):
+            pass
+    return str(result)
+
+
+def cap(text: str, limit: int) -> tuple[str, bool]:
+    """``text`` cut to ``limit`` characters, the cut marked so the model knows."""
+    if len(text) <= limit:
+        return text, False
+    return text[:limit] + TRUNCATED.format(cut=len(text) - limit, total=len(text)), True
+
+
+def with_deadline(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
+    """``fn(**kwargs)`` in a thread of its own, waited on for ``timeout`` seconds.
+
+    A Python call cannot be interrupted from outside: one that never returns keeps its
+    (daemon) thread, and the episode goes on without it. A thread per call rather than a
+    pool, so that hung calls can never starve the ones after them.
+    """
+    outcome: list[Any] = []
+    done = threading.Event()
+
+    def target() -> None:
+        try:
+            outcome.append((True, fn(**kwargs)))
+        except BaseException as exc:  # the tool's failure, whatever it is, is the model's news
+            outcome.append((False, exc))
+        finally:
+            done.set()
+
+    name = f"tool-{getattr(fn, '__name__', 'call')}"
+    threading.Thread(target=target, name=name, daemon=True).start()
+    if not done.wait(timeout):
+        raise ToolTimeout(f"the tool did not answer within {timeout:g} s")
+    ok, value = outcome[0]
+    if ok:
+        return value
+    if isinstance(value, Exception):
+        raise value
+    # SystemExit or KeyboardInterrupt raised by the tool is the tool's failure, not a
+    # request to stop this worker.
+    raise ToolFailed(describe(value))
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, ToolFailed):
+        return str(exc)
+    text = str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def call_tool(
+    records: list[CallRecord],
+    name: str,
+    invoke: Callable[[], Any],
+    limits: Limits,
+) -> str:
+    """Run ``invoke`` (which applies its own deadline), record the call, and return its
+    capped text or raise :class:`ToolFailed` with a capped message."""
+    started = time.perf_counter()
+    record = CallRecord(name, 0.0)
+    try:
+        text, record.truncated = cap(as_text(invoke()), limits.max_output_chars)
+        return text
+    except BaseException as exc:
+        if not isinstance(exc, Exception):
+            raise  # KeyboardInterrupt, SystemExit: the worker's own, not the tool's
+        message, _ = cap(describe(exc), min(limits.max_output_chars, 2000))
+        record.error = message
+        raise (EpisodeFailed if isinstance(exc, EpisodeFailed) else ToolFailed)(message) from None
+    finally:
+        record.duration_ms = (time.perf_counter() - started) * 1000
+        records.append(record)
