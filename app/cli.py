@@ -565,16 +565,30 @@ def status(
 @app.command()
 def demo(
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    preset: Annotated[Path, typer.Option(exists=True, dir_okay=False)] = Path(
-        "configs/runs/letters.yaml"
-    ),
+    preset: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="The run body. Default: `configs/runs/letters.yaml` "
+            "(`configs/runs/agent-calculator.yaml` with --agent).",
+        ),
+    ] = None,
+    agent: Annotated[
+        bool,
+        typer.Option(
+            "--agent",
+            help="An agent run: the tiny model's tool variant, an SFT warm-up, then GRPO in "
+            "the calculator environment, one episode shown every few steps.",
+        ),
+    ] = False,
     overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
 ) -> None:
     """Everything end to end: services, API, worker, the tiny model, a real training run
     created over HTTP and followed to the end."""
     from app.demo import run_demo
 
-    raise typer.Exit(run_demo(port, preset, overrides or []))
+    raise typer.Exit(run_demo(port, preset, overrides or [], agent=agent))
 
 
 @app.command("tiny-model")

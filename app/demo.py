@@ -3,6 +3,10 @@
 Starts (or reuses) `trainyard up` with embedded services, builds the tiny model, creates a
 key and a run over HTTP, follows the run's event stream with a progress bar until it ends,
 then prints where the checkpoints are and the reward curve.
+
+`trainyard demo --agent` is the same path with the agent tiny model and an agent preset
+(`configs/runs/agent-calculator.yaml`): it also shows the SFT warm-up's loss and, every few
+steps, one episode of the step with its tool calls, read back through the public API.
 """
 
 from __future__ import annotations
@@ -13,12 +17,21 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from app.core.config_files import apply_overrides, load_preset
 from app.core.services import STATE_FILE, Installation, read_state
@@ -27,11 +40,35 @@ console = Console(stderr=True)
 SPARK = "▁▂▃▄▅▆▇█"
 
 
+@dataclass(frozen=True)
+class Flavour:
+    """What tells the two demos apart; everything else is one path."""
+
+    preset: Path  # the default preset (relative: to the current folder, the checkout)
+    model: str  # the tiny model's folder under <home>/models
+    tiny_model_args: tuple[str, ...]  # what `trainyard tiny-model` needs to build it
+    agent: bool
+
+
+PLAIN = Flavour(Path("configs/runs/letters.yaml"), "tiny-llama", (), agent=False)
+AGENT = Flavour(
+    Path("configs/runs/agent-calculator.yaml"), "tiny-llama-tools", ("--tools",), agent=True
+)
+
+
 def sparkline(values: list[float], lo: float = 0.0, hi: float = 1.0) -> str:
     span = (hi - lo) or 1.0
     return "".join(
         SPARK[min(len(SPARK) - 1, max(0, int((v - lo) / span * len(SPARK))))] for v in values
     )
+
+
+def _buckets(values: list[float], width: int) -> list[float]:
+    """``values`` averaged down to at most ``width`` points, for a sparkline that fits."""
+    if len(values) <= width:
+        return values
+    edges = [round(i * len(values) / width) for i in range(width + 1)]
+    return [sum(values[a:b]) / (b - a) for a, b in pairwise(edges) if b > a]
 
 
 def _cli(*args: str, env: dict[str, str]) -> str:
@@ -58,19 +95,44 @@ def _wait_up(home: Path, up: subprocess.Popen[bytes], timeout: float = 180) -> I
     raise SystemExit("trainyard up did not start in time; see its log")
 
 
-def follow(client: httpx.Client, run: dict[str, Any]) -> dict[str, Any]:
+def _series(client: httpx.Client, run_id: str, name: str) -> list[float]:
+    """One metric's values, by step."""
+    found = (
+        client.get(f"/runs/{run_id}/metrics", params={"name": name})
+        .raise_for_status()
+        .json()["series"]
+    )
+    return [p["value"] for p in found[0]["points"]] if found else []
+
+
+class Narrator:
+    """What the demo says beside the progress bar as events arrive. The plain demo says
+    nothing more than the bar; :class:`AgentNarrator` tells the warm-up and the episodes."""
+
+    def event(self, progress: Progress, task: TaskID, event: str, data: dict[str, Any]) -> None:
+        return None
+
+    def idle(self, progress: Progress, task: TaskID) -> None:
+        """A keep-alive of the stream: nothing happened for a while."""
+        return None
+
+
+def follow(
+    client: httpx.Client, run: dict[str, Any], narrator: Narrator | None = None
+) -> dict[str, Any]:
     """Follow the run's SSE stream (resuming after drops) until its last event."""
+    narrator = narrator or Narrator()
     total = run.get("max_steps") or 0
     last_id: str | None = None
     with Progress(
         TextColumn("[bold]{task.fields[status]:>10}"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("reward {task.fields[reward]}"),
+        TextColumn("{task.fields[note]}"),
         TimeElapsedColumn(),
         console=console,
     ) as progress:
-        task = progress.add_task("run", total=total or None, status=run["status"], reward="–")
+        task = progress.add_task("run", total=total or None, status=run["status"], note="")
         while True:
             headers = {"Last-Event-ID": last_id} if last_id else {}
             try:
@@ -79,7 +141,9 @@ def follow(client: httpx.Client, run: dict[str, Any]) -> dict[str, Any]:
                 ) as stream:
                     event = ""
                     for line in stream.iter_lines():
-                        if line.startswith("id: "):
+                        if line.startswith(":"):
+                            narrator.idle(progress, task)
+                        elif line.startswith("id: "):
                             last_id = line[4:]
                         elif line.startswith("event: "):
                             event = line[7:]
@@ -94,20 +158,135 @@ def follow(client: httpx.Client, run: dict[str, Any]) -> dict[str, Any]:
                                 progress.update(
                                     task,
                                     completed=data["data"]["step"],
-                                    reward=f"{reward:.3f}" if reward is not None else "–",
+                                    note=f"reward {reward:.3f}" if reward is not None else "",
                                 )
+                            narrator.event(progress, task, event, data)
             except httpx.TransportError:
                 time.sleep(1)  # the stream resumes from Last-Event-ID
 
 
-def run_demo(port: int, preset: Path, overrides: list[str]) -> int:
+def _short(text: str, limit: int = 40) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _call(call: dict[str, Any]) -> str:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):  # OpenAI's form: a JSON string
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return f"{function.get('name')}({_short(arguments)})"
+    if not isinstance(arguments, dict):
+        arguments = {}
+    shown = ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in arguments.items())
+    return f"{function.get('name')}({shown})"
+
+
+def episode_line(step: int, trajectory: dict[str, Any]) -> str:
+    """One episode as a line: the question, each tool call with its result, the answer and
+    the reward, e.g. ``step 12  What is 3 times 4?  → multiply(a=3, b=4) = 12  → "12"
+    reward 1.0``."""
+    messages: list[dict[str, Any]] = trajectory.get("messages") or []
+    first = next((i for i, m in enumerate(messages) if m.get("role") == "assistant"), None)
+    before = messages if first is None else messages[:first]
+    question = next((m.get("content") or "" for m in reversed(before) if m["role"] == "user"), "")
+    tool = [m for m in messages if m.get("role") == "tool" and m.get("tool_call_id")]
+    results = {m["tool_call_id"]: m for m in tool}
+    parts = [f"step {step:<3}", _short(question)]
+    answer = ""
+    for message in messages[first:] if first is not None else []:
+        if message.get("role") != "assistant":
+            continue
+        for call in message.get("tool_calls") or []:
+            result = results.get(call.get("id"))
+            if result is None:
+                shown = "(no result)"
+            elif result.get("error"):
+                shown = f"error: {_short(str(result['error']))}"
+            else:
+                shown = _short(str(result.get("content") or ""))
+            parts.append(f"→ {_call(call)} = {shown}")
+        answer = message.get("content") or ""
+    parts.append(f"→ {json.dumps(_short(answer), ensure_ascii=False)}")
+    reward = trajectory.get("reward")
+    parts.append(f"reward {reward:.1f}" if isinstance(reward, int | float) else "reward –")
+    return "  ".join(parts)
+
+
+class AgentNarrator(Narrator):
+    """Tells an agent run: the SFT warm-up's loss (live on the bar, then its curve), and
+    every ``every`` steps one episode of the step, fetched from
+    ``GET /runs/{id}/trajectories?step=N``, so what is shown is what the service stored."""
+
+    def __init__(self, client: httpx.Client, run: dict[str, Any]) -> None:
+        self.client = client
+        self.run_id = str(run["id"])
+        self.every = max(1, (run.get("max_steps") or 0) // 20)
+        self.warming = False
+
+    def event(self, progress: Progress, task: TaskID, event: str, data: dict[str, Any]) -> None:
+        if event == "status":
+            moved = data["data"]
+            if moved.get("to") == "warming_up":
+                self.warming = True
+                progress.console.print(
+                    data.get("message") or "SFT warm-up", markup=False, soft_wrap=True
+                )
+            elif self.warming and moved.get("from") == "warming_up":
+                self.warming = False
+                progress.update(task, note="")
+                self._warm_up_done(progress)
+        elif event == "step":
+            step = int(data["data"]["step"])
+            if step == 1 or step % self.every == 0:
+                self._show_episode(progress, step, data["data"].get("reward_mean"))
+
+    def idle(self, progress: Progress, task: TaskID) -> None:
+        if self.warming:
+            loss = _series(self.client, self.run_id, "sft/loss")
+            if loss:
+                progress.update(task, note=f"sft loss {loss[-1]:.3f} (step {len(loss)})")
+
+    def _warm_up_done(self, progress: Progress) -> None:
+        loss = _series(self.client, self.run_id, "sft/loss")
+        if loss:
+            progress.console.print(
+                f"SFT warm-up: {len(loss)} steps, loss {loss[0]:.3f} → {loss[-1]:.3f}  "
+                f"{sparkline(_buckets(loss, 40), 0.0, max(loss))}",
+                markup=False,
+                soft_wrap=True,
+            )
+
+    def _show_episode(self, progress: Progress, step: int, mean: float | None) -> None:
+        """The step's first episode (group 0, rollout 0): a sample, not the best one, so
+        the step's mean reward is shown beside it."""
+        page = (
+            self.client.get(f"/runs/{self.run_id}/trajectories", params={"step": step, "limit": 1})
+            .raise_for_status()
+            .json()["data"]
+        )
+        if page:
+            line = episode_line(step, page[0])
+            if mean is not None:
+                line += f"  (step mean {mean:.2f})"
+            progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: bool = False) -> int:
+    flavour = AGENT if agent else PLAIN
+    preset = preset or flavour.preset
+    if not preset.is_file():
+        console.print(f"[red]no preset at {preset}[/]: run the demo from the checkout")
+        return 2
     home = Path(os.environ.get("TRAINYARD_HOME", ".trainyard")).resolve()
     env = {**os.environ, "TRAINYARD_HOME": str(home)}
     base = f"http://127.0.0.1:{port}"
-    model = home / "models" / "tiny-llama"
+    model = home / "models" / flavour.model
     if not (model / "config.json").is_file():
         console.print(f"building the tiny model in {model}")
-        _cli("tiny-model", str(model), env=env)
+        _cli("tiny-model", str(model), *flavour.tiny_model_args, env=env)
 
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -131,7 +310,7 @@ def run_demo(port: int, preset: Path, overrides: list[str]) -> int:
                 return 1
             run = created.json()
             console.print(f"run [bold]{run['id']}[/] created; following its events")
-            run = follow(client, run)
+            run = follow(client, run, AgentNarrator(client, run) if flavour.agent else None)
             code = report(client, run)
         console.print(
             "\nthe services stop now; `make up` serves this run again, e.g.\n"
@@ -154,12 +333,7 @@ def report(client: httpx.Client, run: dict[str, Any]) -> int:
         console.print(f"[red]run {run['status']}[/]: {run.get('error')}")
         return 1
     metrics = run.get("metrics") or {}
-    series = (
-        client.get(f"/runs/{run['id']}/metrics", params={"name": "reward_mean"})
-        .raise_for_status()
-        .json()["series"]
-    )
-    rewards = [p["value"] for p in series[0]["points"]] if series else []
+    rewards = _series(client, str(run["id"]), "reward_mean")
     checkpoints = client.get(f"/runs/{run['id']}/checkpoints").raise_for_status().json()["data"]
     console.print(f"\n[bold green]completed[/] {run['step']} steps")
     if rewards:

@@ -175,3 +175,50 @@ def agent_run(model: Path, **overrides: Any) -> dict[str, Any]:
         else:
             body[key] = value
     return body
+
+
+def addition_run(
+    model: Path, tools: list[str], environment: dict[str, Any], **overrides: Any
+) -> dict[str, Any]:
+    """A short agent run in ``environment`` (one tool round) whose SFT demonstrations call
+    every one of ``tools`` (each with the question's two numbers) in the model's first
+    turn, then answer the sum: after the warm-up the model calls them all, so each one's
+    behaviour reaches the episodes."""
+    questions = [(a, b) for a in range(1, 6) for b in range(1, 6)]
+    system = "Use the tools to compute, then answer with the number only."
+
+    def demonstration(a: int, b: int) -> dict[str, Any]:
+        calls = [
+            {"type": "function", "function": {"name": name, "arguments": {"a": a, "b": b}}}
+            for name in tools
+        ]
+        results = [{"role": "tool", "name": name, "content": str(a + b)} for name in tools]
+        return {
+            "messages": [
+                {"role": "system", "content": system},
+                {"role": "user", "content": f"What is {a} plus {b}?"},
+                {"role": "assistant", "content": "", "tool_calls": calls},
+                *results,
+                {"role": "assistant", "content": str(a + b)},
+            ]
+        }
+
+    body = agent_run(
+        model,
+        system_prompt=system,
+        max_steps=2,
+        inputs=[
+            {"input_text": f"What is {a} plus {b}?", "context": {"answer": a + b}}
+            for a, b in questions
+        ],
+        environment=None,
+        sft={"examples": [demonstration(a, b) for a, b in questions[:12]], "epochs": 30},
+        grpo={"groups_per_step": 1, "temperature": 0.7, "max_completion_length": 400},
+    )
+    body["environment"] = {"max_turns": 1, **environment}
+    for key, value in overrides.items():
+        if key in ("grpo", "sft"):
+            body[key] = {**body[key], **value}
+        else:
+            body[key] = value
+    return body

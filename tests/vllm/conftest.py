@@ -23,6 +23,7 @@ from tests.support.workers import (  # noqa: F401  (fixtures)
     VLLM_PYTHON,
     start_worker,
     tiny_model,
+    tool_model,
     worker_home,
 )
 

@@ -4,7 +4,7 @@ run completes, and the groups it could not score are counted in its metrics."""
 from __future__ import annotations
 
 from tests.support.runs import series, wait_for
-from tests.support.workers import VLLM_PYTHON, letters_run
+from tests.support.workers import VLLM_PYTHON, agent_run, letters_run
 
 
 async def test_run_with_a_vllm_judge_completes_and_counts_dropped_groups(
@@ -62,3 +62,37 @@ async def test_vllm_colocate_engine_trains_with_synced_weights(
         )
     ).json()
     assert page["data"][0]["metadata"]["engine"] == "vllm-colocate"
+
+
+async def test_an_agent_run_on_vllm_colocate_plays_its_episodes_through_vllm(
+    client, tenant, sessionmaker, start_worker, tool_model, worker_home
+) -> None:
+    """TRL's multi-turn loop with vLLM generating each turn: after the SFT warm-up the
+    model calls the calculator's tools, and every episode is stored whole."""
+    start_worker(python=str(VLLM_PYTHON), **worker_home)
+    body = agent_run(
+        tool_model,
+        max_steps=10,
+        grpo={
+            "engine": "vllm-colocate",
+            "vllm_gpu_memory_utilization": 0.15,
+            "vllm_max_model_len": 1024,
+        },
+    )
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=600
+    )
+    assert done.status == "completed", done.error
+    page = (
+        await client.get(
+            f"/runs/{run['id']}/trajectories",
+            params={"limit": 100, "min_tool_calls": 1},
+            headers=tenant.headers,
+        )
+    ).json()
+    assert page["data"], "after the warm-up the model calls its tools under vLLM too"
+    episode = page["data"][0]
+    assert episode["metadata"]["engine"] == "vllm-colocate"
+    tool = next(m for m in episode["messages"] if m["role"] == "tool")
+    assert tool["tool_call_id"] and tool["name"] in {"add", "subtract", "multiply", "divide"}

@@ -108,6 +108,14 @@ def resolved_hints(fn: Callable[..., Any]) -> dict[str, Any]:
         return dict(getattr(fn, "__annotations__", {}))
 
 
+def accepted(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
+    """The keyword arguments of ``offered`` that ``fn`` takes (all of them with **kwargs)."""
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return offered
+    return {k: v for k, v in offered.items() if k in params}
+
+
 def environment_class(
     name: str, base: type[Episode], methods: dict[str, Callable[..., str]], **attrs: Any
 ) -> type[Episode]:

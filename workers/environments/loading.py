@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import keyword
 import logging
 from collections.abc import Callable
@@ -25,7 +26,13 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
-from workers.environments.episode import Episode, environment_class, resolved_hints, tool_method
+from workers.environments.episode import (
+    Episode,
+    accepted,
+    environment_class,
+    resolved_hints,
+    tool_method,
+)
 from workers.environments.safety import (
     EpisodeFailed,
     Limits,
@@ -162,14 +169,6 @@ def _tools_environment(names: list[str], limits: Limits) -> type[Episode]:
 # --- python -------------------------------------------------------------------------------
 
 
-def _accepted(fn: Callable[..., Any], offered: dict[str, Any]) -> dict[str, Any]:
-    """The keyword arguments of ``offered`` that ``fn`` takes (all of them with **kwargs)."""
-    params = inspect.signature(fn).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return offered
-    return {k: v for k, v in offered.items() if k in params}
-
-
 class _Wrapped(Episode):
     """A user's (or built-in) environment instance behind guarded tool methods."""
 
@@ -181,7 +180,7 @@ class _Wrapped(Episode):
         self._inner = self._cls(**self._args)
 
     def _begin(self, **episode: Any) -> str | None:
-        observation = self._inner.reset(**_accepted(self._inner.reset, episode))
+        observation = self._inner.reset(**accepted(self._inner.reset, episode))
         return (
             observation if isinstance(observation, str) or observation is None else str(observation)
         )
@@ -193,9 +192,7 @@ class _Wrapped(Episode):
                 f"{self._cls.__name__} has no get_reward, so the 'environment' reward "
                 "function cannot score its episodes"
             )
-        value = get_reward(
-            **_accepted(get_reward, {"completion": completion, "messages": messages})
-        )
+        value = get_reward(**accepted(get_reward, {"completion": completion, "messages": messages}))
         return None if value is None else float(value)
 
 
@@ -272,7 +269,7 @@ def _schema_signature(tool: Any) -> tuple[inspect.Signature, dict[str, Any], str
         text = " ".join(str(prop.get(k) or "") for k in ("description",)).strip()
         text = text or str(prop.get("title") or f"The {arg}.")
         if isinstance(prop.get("enum"), list):
-            text += f" (choices: {prop['enum']!r})".replace("'", '"')
+            text += f" (choices: {json.dumps(prop['enum'], ensure_ascii=False)})"
         lines.append(f"    {arg}: {' '.join(text.split())}")
     summary = " ".join((tool.description or tool.name).split())
     doc = summary + ("\n\nArgs:\n" + "\n".join(lines) if lines else "")
@@ -323,6 +320,11 @@ def _mcp_environment(
     methods = {}
     try:
         for tool in tools:
+            if tool.name.startswith("_") or tool.name in ("reset", "get_reward"):
+                raise EnvironmentUnavailable(
+                    f"MCP tool {tool.name!r}: the name is TRL's environment contract's own "
+                    "(reset, get_reward, or private); leave it out with environment.tools"
+                )
             signature, hints, doc = _schema_signature(tool)
             methods[tool.name] = tool_method(tool.name, signature, doc, hints, body_for(tool.name))
     except EnvironmentUnavailable:

@@ -128,7 +128,7 @@ def call_tool(
             raise  # KeyboardInterrupt, SystemExit: the worker's own, not the tool's
         message, _ = cap(describe(exc), min(limits.max_output_chars, 2000))
         record.error = message
-        raise (EpisodeFailed if isinstance(exc, EpisodeFailed) else ToolFailed)(message) from None
+        raise (type(exc) if isinstance(exc, ToolFailed) else ToolFailed)(message) from None
     finally:
         record.duration_ms = (time.perf_counter() - started) * 1000
         records.append(record)

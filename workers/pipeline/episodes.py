@@ -8,7 +8,9 @@ ids, and each tool message is paired with its call and with the environment's
 :class:`~workers.environments.safety.CallRecord` (duration, error, truncation). TRL calls
 tools in order, so records and tool messages come in the same order; a call TRL refused
 before reaching the environment (an unknown tool, arguments that are not an object) has no
-record, and its error is TRL's message.
+record, and its error is TRL's message; a record is matched to a tool message by tool name
+and outcome (TRL shows a failed call as ``{'error': message}``, the message the record
+holds).
 """
 
 from __future__ import annotations
@@ -92,13 +94,19 @@ def build(
                     break
             content = message.get("content")
             content = content if isinstance(content, str) else str(content)
-            record = queue.pop(0) if queue and queue[0].name == name else None
+            error = _trl_error(content)
+            # The environment's record of this call, if the call reached it: same tool,
+            # and the same outcome (a call TRL refused has no record, yet may share its
+            # name with the next record's call).
+            record = None
+            if queue and queue[0].name == name and queue[0].error == error:
+                record = queue.pop(0)
             tool: dict[str, Any] = {
                 "role": "tool",
                 "tool_call_id": call_id,
                 "name": name,
                 "content": content,
-                "error": record.error if record else _trl_error(content),
+                "error": error,
             }
             if record is not None:
                 tool["duration_ms"] = round(record.duration_ms, 3)

@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from app.runs.rewards import BUILTIN_REWARDS, builtin_args
+from workers.environments.episode import accepted
 from workers.rewards.base import Group, Rollout, Score
 
 RewardFn = Callable[..., float]
@@ -117,12 +118,14 @@ def resolve(name: str, args: dict[str, Any] | None = None) -> RewardFn:
     return partial(fn, **(args or {}))
 
 
-def _episode(rollout: Rollout) -> dict[str, Any]:
-    """What an agent's reward functions get beyond a single-turn one's: the whole
-    conversation and the environment instance (single-turn calls stay as they were)."""
+def _episode(fn: RewardFn, rollout: Rollout) -> dict[str, Any]:
+    """What an agent's reward functions get beyond a single-turn one's, as far as each
+    takes them: the whole conversation and the environment instance (single-turn calls
+    stay as they were)."""
     if rollout.episode is None:
         return {}
-    return {"messages": [*rollout.prompt, *rollout.episode], "environment": rollout.environment}
+    offered = {"messages": [*rollout.prompt, *rollout.episode], "environment": rollout.environment}
+    return accepted(fn, offered)
 
 
 class FunctionScorer:
@@ -157,7 +160,7 @@ class FunctionScorer:
                             rollout.completion,
                             prompt=rollout.prompt,
                             context=group.context,
-                            **_episode(rollout),
+                            **_episode(fn, rollout),
                         )
                     )
                     parts[name] = value if math.isfinite(value) else 0.0

@@ -46,6 +46,7 @@ that leaves no judge, the whole group is dropped (reward None for all its rollou
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import statistics
@@ -147,12 +148,19 @@ def _response(rollout: Rollout) -> str:
 
 
 def _model_text(rollout: Rollout) -> str:
-    """Everything the policy wrote (not what tools returned), for the injection check."""
+    """Everything the policy wrote, its tool calls' arguments included (not what the tools
+    returned), for the injection check."""
     if rollout.episode is None:
         return rollout.completion
-    return "\n".join(
-        str(m.get("content") or "") for m in rollout.episode if m.get("role") == "assistant"
-    )
+    parts = []
+    for m in rollout.episode:
+        if m.get("role") != "assistant":
+            continue
+        parts.append(str(m.get("content") or ""))
+        for call in m.get("tool_calls") or []:
+            arguments = (call.get("function") or {}).get("arguments")
+            parts.append(arguments if isinstance(arguments, str) else json.dumps(arguments))
+    return "\n".join(parts)
 
 
 def judge_messages(name: str, group: Group, rollout: Rollout) -> list[dict[str, str]]:
