@@ -996,6 +996,9 @@ def data_export(
     status: Annotated[list[str] | None, typer.Option(help="The run's status.")] = None,
     min_reward: float | None = None,
     max_reward: float | None = None,
+    min_tool_calls: Annotated[
+        int | None, typer.Option(min=0, help="Agent episodes with at least this many tool calls.")
+    ] = None,
     since: Annotated[
         str | None, typer.Option(help="ISO date, or date and time (no zone: UTC).")
     ] = None,
@@ -1031,6 +1034,7 @@ def data_export(
             statuses=status,
             min_reward=min_reward,
             max_reward=max_reward,
+            min_tool_calls=min_tool_calls,
             start_date=start,
             end_date=end,
             limit=limit,

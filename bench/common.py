@@ -55,6 +55,7 @@ BENCHMARKS_MD = REPO / "docs" / "benchmarks.md"
 PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 LETTERS = REPO / "configs" / "runs" / "letters.yaml"
+AGENT_CALCULATOR = REPO / "configs" / "runs" / "agent-calculator.yaml"
 
 
 class BenchError(Exception):
@@ -610,6 +611,32 @@ def letters_run(model: Path, *, steps: int, save_steps: int, name: str) -> dict[
         "eval_steps": save_steps,  # no evaluation runs: there are no validation inputs
         "validation_fraction": 0.0,
     }
+    return body
+
+
+def agent_run(
+    model: Path, *, steps: int, save_steps: int, name: str, sft_epochs: int | None = None
+) -> dict[str, Any]:
+    """The body of a run of configs/runs/agent-calculator.yaml (SFT warm-up, then GRPO with
+    the calculator's tools) on ``model`` (``trainyard tiny-model --tools``) for ``steps``
+    GRPO steps, checkpoints every ``save_steps``, no evaluation; ``sft_epochs`` replaces the
+    warm-up's epochs."""
+    body: dict[str, Any] = yaml.safe_load(AGENT_CALCULATOR.read_text())
+    per_epoch = math.ceil(len(body["inputs"]) / body["grpo"]["groups_per_step"])
+    body.update(
+        model_name=str(model),
+        max_steps=steps,
+        num_epochs=min(10_000, max(int(body.get("num_epochs", 1)), math.ceil(steps / per_epoch))),
+        trained_model_name=f"{name}-{uuid.uuid4().hex[:8]}",
+    )
+    body["grpo"] = {
+        **body["grpo"],
+        "save_steps": save_steps,
+        "eval_steps": save_steps,
+        "validation_fraction": 0.0,
+    }
+    if sft_epochs is not None:
+        body["sft"] = {**body["sft"], "epochs": sft_epochs}
     return body
 
 

@@ -14,6 +14,7 @@ and are printed. See bench/README.md.
     .venv/bin/python bench/service_vs_script.py                  # 3 pairs of 100 steps
     .venv/bin/python bench/service_vs_script.py --repeats 5 --profile
     .venv/bin/python bench/service_vs_script.py --steps 20 --repeats 1 --output bench/out/b.md
+    .venv/bin/python bench/service_vs_script.py --agent   # agent-calculator.yaml vs agent_script.py
 
 Needs PostgreSQL (trust or password auth; database bench_service is dropped and created)
 and Redis (db 12, keys under a prefix of their own). Standard library, httpx, psutil, yaml
@@ -53,6 +54,7 @@ from common import (
     Trainyard,
     add_output_arg,
     add_trainyard_args,
+    agent_run,
     clear_redis_prefix,
     command_line,
     cpu_seconds,
@@ -82,13 +84,27 @@ SCRIPT = BENCH / "grpo_script.py"
 STEP_WRITES = BENCH / "step_writes.py"
 DB_NAME = "bench_service"
 TARGET = 1.05  # issue 9: the service costs at most 5% over the plain script
+# --agent: a multi-turn run of configs/runs/agent-calculator.yaml against bench/agent_script.py
+AGENT_MARK_START = "<!-- service-vs-script-agent:start -->"
+AGENT_MARK_END = "<!-- service-vs-script-agent:end -->"
+AGENT_SCRIPT = BENCH / "agent_script.py"
+AGENT_TARGET = 1.10  # issue 10: a multi-turn run through the service within 1.10x
 TABLES = ("trajectories", "metric_points", "run_events", "runs", "checkpoints", "task_inputs")
 
 
 # ------------------------------------------------------------------------------ settings
 
 
-def run_body(args: argparse.Namespace, model: Path, steps: int) -> dict[str, Any]:
+def run_body(
+    args: argparse.Namespace, model: Path, steps: int, *, warm_up: bool = False
+) -> dict[str, Any]:
+    """The measured run (``warm_up``: the unmeasured first one; an agent's with one SFT
+    epoch, enough for the worker to import SFT's code too)."""
+    if args.agent:
+        sft_epochs = 1 if warm_up else None
+        return agent_run(
+            model, steps=steps, save_steps=args.save_steps, name="bench", sft_epochs=sft_epochs
+        )
     return letters_run(model, steps=steps, save_steps=args.save_steps, name="bench")
 
 
@@ -101,6 +117,11 @@ def resolved(body: dict[str, Any]) -> dict[str, Any]:
 
 def planned_prompts(run: dict[str, Any]) -> list[str]:
     """The input of each group, in the order Trainyard's step plan trains on them."""
+    return [i["input_text"] for i in planned_inputs(run)]
+
+
+def planned_inputs(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each group's input and context, in the order Trainyard's step plan trains on them."""
     from workers.pipeline.plan import PlannedInput, build_plan
 
     train = [i for i in run["inputs"] if i.get("split", "train") == "train"]
@@ -111,7 +132,43 @@ def planned_prompts(run: dict[str, Any]) -> list[str]:
         max_steps=run["max_steps"],
         seed=run["grpo"]["seed"],
     )
-    return [item.input_text for batch in plan for item in batch.items]
+    return [
+        {"input_text": item.input_text, "context": item.context}
+        for batch in plan
+        for item in batch.items
+    ]
+
+
+def agent_script_command(
+    run: dict[str, Any], model: Path, run_file: Path, inputs_file: Path, output_dir: Path
+) -> list[str]:
+    """agent_script.py on the resolved run; refuses settings the script does not mirror."""
+    g, env, sft = run["grpo"], run["environment"] or {}, run["sft"] or {}
+    unmirrored = {
+        "environment (the script has the calculator only)": (env.get("type"), env.get("factory"))
+        != ("python", "calculator"),
+        "reward": [f["name"] for f in run["reward"].get("functions", [])] != ["environment"],
+        "sft.examples (the script has no training-data query)": not sft.get("examples"),
+        "grpo.lora": g.get("lora") is not None,
+        "grpo.engine": g["engine"] != "transformers",
+        "grpo.validation_fraction": g["validation_fraction"] > 0,
+    }
+    bad = [k for k, v in unmirrored.items() if v]
+    if bad:
+        raise BenchError(f"agent_script.py does not mirror these run settings: {', '.join(bad)}")
+    run_file.write_text(json.dumps(run))
+    return [
+        sys.executable,
+        str(AGENT_SCRIPT),
+        "--model",
+        str(model),
+        "--run",
+        str(run_file),
+        "--inputs-file",
+        str(inputs_file),
+        "--output-dir",
+        str(output_dir),
+    ]
 
 
 def script_command(
@@ -1114,14 +1171,58 @@ def render_section(
     command = command_line("service_vs_script.py")
     a, b = med(script, lambda s: s.seconds), med(service, lambda s: s.seconds)
     r = b / a if a else float("nan")
-    verdict = "within" if r <= TARGET else "**above**"
+    target = AGENT_TARGET if args.agent else TARGET
+    verdict = "within" if r <= target else "**above**"
     g = run["grpo"]
     sv = service[len(service) // 2]
     sc = script[len(script) // 2]
     orders = all(s.extra["same_order_as_script"] for s in service)
+    same_order = "yes (checked against the stored trajectories)" if orders else "**no**"
+    work = (
+        f"- Work: {run['max_steps']} GRPO steps of `configs/runs/letters.yaml` on the tiny"
+        f" Llama (`trainyard tiny-model`): {g['groups_per_step']} groups of"
+        f" {run['rollouts_per_group']} rollouts per step, {g['max_completion_length']}"
+        f" completion tokens, lr {run['learning_rate']:g}, beta {g['beta']:g}, temperature"
+        f" {g['temperature']:g}, loss {g['loss_type']}, seed {g['seed']}, reward"
+        f" `char_fraction` (share of 'a'), checkpoints every {g['save_steps']} steps plus the"
+        " final model on both sides, no evaluation. Same prompts in the same order:"
+        f" {same_order}."
+    )
+    script_side = (
+        "Script: `bench/grpo_script.py`, a fresh process per repetition;"
+        " time = GRPOTrainer construction (model load) + `train()` + `save_model()`, imports"
+        " excluded."
+    )
+    if args.agent:
+        sft = run["sft"]
+        work = (
+            f"- Work: `configs/runs/agent-calculator.yaml` on the agent tiny Llama (`trainyard"
+            f" tiny-model --tools`, Qwen2.5's chat template): an SFT warm-up of {sft['epochs']}"
+            f" epochs on its {len(sft['examples'])} demonstrations (batch {sft['batch_size']},"
+            f" lr {sft['learning_rate']:g}, loss on assistant tokens, a checkpoint every epoch"
+            f" on both sides as the worker keeps them), then {run['max_steps']} GRPO steps from"
+            f" its model in the calculator environment (add, subtract, multiply, divide; at"
+            f" most {run['environment']['max_turns']} tool rounds per episode, TRL's"
+            f" `max_tool_calling_iterations`): {g['groups_per_step']} groups of"
+            f" {run['rollouts_per_group']} rollouts per step, {g['max_completion_length']}"
+            f" completion tokens, lr {run['learning_rate']:g}, beta {g['beta']:g}, temperature"
+            f" {g['temperature']:g}, loss {g['loss_type']}, seed {g['seed']}, reward 1 for the"
+            f" right final answer, checkpoints every {g['save_steps']} steps plus the final"
+            f" model on both sides, no evaluation. Same inputs in the same order: {same_order}."
+        )
+        script_side = (
+            "Script: `bench/agent_script.py` (plain TRL: `SFTTrainer`, then `GRPOTrainer` with"
+            " an `environment_factory` class of the four tools and a reward function), a fresh"
+            " process per repetition; time = SFT (tokenizing, construction, `train()`, saving"
+            " its model) + GRPOTrainer construction (loads that model) + `train()` +"
+            " `save_model()`, imports excluded. The service's time includes the same warm-up"
+            " (status `warming_up`)."
+        )
     parts = [
-        MARK_START,
-        "## Service overhead: a run through Trainyard vs the same TRL script",
+        AGENT_MARK_START if args.agent else MARK_START,
+        "## Agent runs: a multi-turn run through Trainyard vs the same TRL script"
+        if args.agent
+        else "## Service overhead: a run through Trainyard vs the same TRL script",
         "",
         "Written by `bench/service_vs_script.py` (see `bench/README.md`); rerun it rather than"
         " editing this section.",
@@ -1130,21 +1231,12 @@ def render_section(
         f"- Date: {started}",
         f"- Machine: {machine_description()}",
         "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
-        f"- Work: {run['max_steps']} GRPO steps of `configs/runs/letters.yaml` on the tiny"
-        f" Llama (`trainyard tiny-model`): {g['groups_per_step']} groups of"
-        f" {run['rollouts_per_group']} rollouts per step, {g['max_completion_length']}"
-        f" completion tokens, lr {run['learning_rate']:g}, beta {g['beta']:g}, temperature"
-        f" {g['temperature']:g}, loss {g['loss_type']}, seed {g['seed']}, reward"
-        f" `char_fraction` (share of 'a'), checkpoints every {g['save_steps']} steps plus the"
-        " final model on both sides, no evaluation. Same prompts in the same order:"
-        f" {'yes (checked against the stored trajectories)' if orders else '**no**'}.",
+        work,
         f"- Service: `trainyard api` + one `trainyard worker --pool solo`, fresh database"
         f' `{DB_NAME}`; time = `lease` event "claimed by …" → `status` event to `completed`'
         " (`run_events.created_at`, the database clock). The worker ran a"
         f" {args.warmup_steps}-step run first, so it had imported TRL (excluded like the"
-        " script's imports). Script: `bench/grpo_script.py`, a fresh process per repetition;"
-        " time = GRPOTrainer construction (model load) + `train()` + `save_model()`, imports"
-        " excluded.",
+        f" script's imports). {script_side}",
         f"- Repetitions: {len(script)} of each, interleaved (script, service, …); medians."
         f" Checkpoints: script {', '.join(sc.extra['checkpoints'])} + final model; service"
         f" {', '.join(sv.extra['checkpoints'])}.",
@@ -1162,7 +1254,7 @@ def render_section(
         "",
         render_table(script, service),
         "",
-        f"Ratio of medians, service / script: **{r:.2f}x**, {verdict} the {TARGET:.2f}x target,"
+        f"Ratio of medians, service / script: **{r:.2f}x**, {verdict} the {target:.2f}x target,"
         f" with every one of the {sv.extra['volume']['trajectories']['rows']} trajectories"
         " (and its reward), every metric, event and checkpoint persisted.",
         "",
@@ -1182,11 +1274,11 @@ def render_section(
         *render_volume(service),
         "",
     ]
-    if r > TARGET or profile:
+    if r > target or profile:
         parts += ["### Where the time goes", "", *where_the_time_goes(script, service, profile), ""]
     if profile:
         parts += [*render_profile(profile), ""]
-    parts.append(MARK_END)
+    parts.append(AGENT_MARK_END if args.agent else MARK_END)
     return "\n".join(parts) + "\n"
 
 
@@ -1208,6 +1300,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="steps of the unmeasured first service run (the worker imports TRL then)",
     )
     p.add_argument("--model", type=Path, help="tiny model folder (default: built in the temp home)")
+    p.add_argument(
+        "--agent",
+        action="store_true",
+        help="the multi-turn case: configs/runs/agent-calculator.yaml (SFT warm-up, then GRPO"
+        " with the calculator's tools) on the agent tiny model, against bench/agent_script.py;"
+        " its own section in the output",
+    )
     p.add_argument(
         "--profile",
         action="store_true",
@@ -1242,6 +1341,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.steps < 1:
         p.error("--repeats and --steps must be at least 1")
+    if args.agent and args.profile:
+        p.error("--profile is for the single-turn case only")
     return args
 
 
@@ -1265,9 +1366,11 @@ def main(argv: list[str] | None = None) -> int:
             redis_ping(args.redis_url)
             model = args.model
             if model is None:
-                model = home / "models" / "tiny-llama"
+                model = home / "models" / ("tiny-llama-tools" if args.agent else "tiny-llama")
                 run_checked(
-                    [str(args.trainyard_bin), "tiny-model", str(model)], what="building the model"
+                    [str(args.trainyard_bin), "tiny-model", str(model)]
+                    + (["--tools"] if args.agent else []),
+                    what="building the model",
                 )
             model = model.resolve()
             body = run_body(args, model, args.steps)
@@ -1275,11 +1378,21 @@ def main(argv: list[str] | None = None) -> int:
             prompts = planned_prompts(run)
             prompts_file = home / "prompts.json"
             prompts_file.write_text(json.dumps(prompts))
+            inputs_file = home / "inputs.json"
+            if args.agent:
+                inputs_file.write_text(json.dumps(planned_inputs(run)))
+
+            def command(name: str) -> list[str]:
+                if args.agent:
+                    return agent_script_command(
+                        run, model, home / "run.json", inputs_file, home / f"script-{name}"
+                    )
+                return script_command(run, model, prompts_file, home / f"script-{name}")
 
             services = Services(args, servers, home)
             services.start(timeout=args.start_timeout)
             log(f"warm-up: a {args.warmup_steps}-step service run (the worker imports TRL)")
-            warm_body = run_body(args, model, args.warmup_steps)
+            warm_body = run_body(args, model, args.warmup_steps, warm_up=True)
             cold = measure_service(services, warm_body, planned_prompts(resolved(warm_body)), 0)
             # The worker imported the pipeline during that run: keep the code it runs (others
             # may be editing the tree) for the profile's line numbers and the report.
@@ -1287,7 +1400,7 @@ def main(argv: list[str] | None = None) -> int:
             versions["worker pipeline"] = pipeline_version(SNAPSHOT)
 
             for rep in range(1, args.repeats + 1):
-                cmd = script_command(run, model, prompts_file, home / f"script-{rep}")
+                cmd = command(str(rep))
                 script_samples.append(measure_script(args, servers, cmd, rep))
                 service_samples.append(
                     measure_service(
@@ -1295,7 +1408,7 @@ def main(argv: list[str] | None = None) -> int:
                     )
                 )
             if args.profile:
-                cmd = script_command(run, model, prompts_file, home / "script-profile")
+                cmd = command("profile")
                 profile = profile_pair(args, servers, services, body, prompts, cmd)
             versions.update(
                 {
@@ -1322,8 +1435,12 @@ def main(argv: list[str] | None = None) -> int:
     section = render_section(
         args, script_samples, service_samples, cold, profile, versions, started, run, load_start
     )
-    write_section(args.output, section, MARK_START, MARK_END)
-    (OUT / "service_vs_script.json").write_text(
+    start_mark, end_mark = (
+        (AGENT_MARK_START, AGENT_MARK_END) if args.agent else (MARK_START, MARK_END)
+    )
+    target = AGENT_TARGET if args.agent else TARGET
+    write_section(args.output, section, start_mark, end_mark)
+    (OUT / ("service_vs_script_agent.json" if args.agent else "service_vs_script.json")).write_text(
         json.dumps(
             {
                 "started": started,
@@ -1344,10 +1461,10 @@ def main(argv: list[str] | None = None) -> int:
     print(render_table(script_samples, service_samples))
     a = med(script_samples, lambda s: s.seconds)
     b = med(service_samples, lambda s: s.seconds)
-    print(f"\nservice / script (medians): {b / a:.2f}x (target ≤ {TARGET:.2f}x)")
+    print(f"\nservice / script (medians): {b / a:.2f}x (target ≤ {target:.2f}x)")
     print(f"loadavg at start {load_start}, at end {loadavg()}")
     print(
-        f"\nwrote {args.output} (section {MARK_START} … {MARK_END});"
+        f"\nwrote {args.output} (section {start_mark} … {end_mark});"
         f" logs and JSON in {OUT.relative_to(REPO)}/"
     )
     return 0

@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime
 from typing import Any
@@ -20,6 +23,7 @@ from app import training_data as td
 from app.core.pg import connect_kwargs, init_connection
 from app.training_data.jsonl import JsonlImportError, parse_lines
 from app.training_data.records import TrainingTrajectory
+from tests.support import ROOT
 from tests.support.database import Tenant
 from tests.support.runs import Maker, create_run
 
@@ -301,3 +305,29 @@ def test_hf_dataset_of_episodes(
         {"a": 42, "b": 0},
     ]
     assert by_rollout[3]["completion"] == _episode(3)
+
+
+def test_min_tool_calls_from_the_cli(run_id: uuid.UUID, service_urls: tuple[str, str]) -> None:
+    """`trainyard data export --min-tool-calls`, as a user types it, on the same rows."""
+    env = {**os.environ, "TRAINYARD_DATABASE_URL": service_urls[0], "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "data",
+            "export",
+            "-",
+            "--run-id",
+            str(run_id),
+            "--min-tool-calls",
+            "2",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert sorted(t["rollout_index"] for t in lines) == [2, 3]
+    assert all(t["metadata"]["tool_calls"] >= 2 for t in lines)
