@@ -152,6 +152,10 @@ def _storable(value: Any) -> Any:
 
 
 NulFreeStr = Annotated[str, NUL_FREE, AfterValidator(_nul_free)]
+# An http(s) URL. One pattern that also refuses NUL, rather than a pattern on a NulFreeStr:
+# in an optional field pydantic writes only NulFreeStr's pattern into the document, so
+# clients (and the fuzzer) would not be told that the URL must start with http(s)://.
+HttpUrlStr = Annotated[str, Field(pattern=r"^https?://[^\x00]*$")]
 StorableObject = Annotated[dict[str, Any], STORABLE_OBJECT, AfterValidator(_storable)]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 

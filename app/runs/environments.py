@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
 from app.core.errors import inconsistent
-from app.core.storable import NulFreeStr, StorableObject
+from app.core.storable import HttpUrlStr, NulFreeStr, StorableObject
 from app.runs.rewards import ENV_NAME, IMPORT_PATH, Strict, builtin_or_import_path
 
 # --- built-ins -----------------------------------------------------------------------------
@@ -241,10 +241,9 @@ class McpEnvironment(_Episode):
         description="The argv of an MCP server the worker starts over stdio, e.g. "
         "['python', '-m', 'my_server']. Not with url.",
     )
-    url: NulFreeStr | None = Field(
+    url: HttpUrlStr | None = Field(
         default=None,
         max_length=2000,
-        pattern=r"^https?://",
         validate_default=True,  # so that neither command nor url is a 422 naming url
         description="An MCP server over streamable HTTP, e.g. http://host:8000/mcp. Not with "
         "command.",

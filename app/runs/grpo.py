@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 
 from app.core.errors import inconsistent
-from app.core.storable import NulFreeStr, RequestModel
+from app.core.storable import HttpUrlStr, NulFreeStr, RequestModel
 
 
 class LoraSettings(RequestModel):
@@ -166,10 +166,9 @@ class GrpoSettings(RequestModel):
         ge=1,
         description="vLLM's context length (colocate); unset: the model's own.",
     )
-    vllm_server_url: NulFreeStr | None = Field(
+    vllm_server_url: HttpUrlStr | None = Field(
         default=None,
         max_length=500,
-        pattern=r"^https?://",
         description="The vLLM server's base URL, for engine 'vllm-server'.",
     )
 

@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from app.core.errors import inconsistent
-from app.core.storable import NulFreeStr, RequestModel, StorableObject
+from app.core.storable import HttpUrlStr, NulFreeStr, RequestModel, StorableObject
 
 # The name of an environment variable (a judge's api_key_env, an MCP server's env).
 ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -166,9 +166,7 @@ def _describe_builtin_args(schema: dict[str, Any]) -> None:
 class JudgeEndpoint(Strict):
     """Any OpenAI-compatible chat endpoint (vLLM, Ollama, OpenAI …)."""
 
-    base_url: NulFreeStr = Field(
-        max_length=500, pattern=r"^https?://", description="e.g. http://host:8000/v1"
-    )
+    base_url: HttpUrlStr = Field(max_length=500, description="e.g. http://host:8000/v1")
     model: NulFreeStr = Field(min_length=1, max_length=300)
     api_key_env: str | None = Field(
         default=None,
