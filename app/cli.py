@@ -17,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
@@ -88,7 +88,11 @@ data_app = typer.Typer(
 app.add_typer(db_app, name="db")
 app.add_typer(keys_app, name="keys")
 app.add_typer(runs_app, name="runs")
+trajectories_app = typer.Typer(
+    no_args_is_help=True, help="A run's trajectories and the project's training data (over HTTP)."
+)
 app.add_typer(data_app, name="data")
+app.add_typer(trajectories_app, name="trajectories")
 
 err = Console(stderr=True, soft_wrap=True)
 
@@ -151,6 +155,13 @@ def api(
     settings = _settings()
     os.environ["TRAINYARD_DATABASE_URL"] = database_url(settings)
     os.environ["TRAINYARD_REDIS_URL"] = redis_url(settings)
+    if workers > 1 and settings.metrics_enabled:
+        # One /metrics for all the processes: each writes its samples under one folder
+        # (emptied now: files of processes gone would count again).
+        from app.observability.prometheus import MULTIPROC_ENV, prepare_multiprocess_dir
+
+        folder = os.environ.get(MULTIPROC_ENV) or settings.home / "prometheus" / f"api-{port}"
+        os.environ[MULTIPROC_ENV] = str(prepare_multiprocess_dir(folder))
     uvicorn.run(
         "app.asgi:app",
         host=host,
@@ -723,6 +734,52 @@ def keys_revoke(key_id: str) -> None:
     err.print("revoked")
 
 
+@keys_app.command("list")
+def keys_list(
+    project: Annotated[str | None, typer.Option(help="Only this project's keys.")] = None,
+    as_json: Json = False,
+) -> None:
+    """List API keys, newest first: id, project, name, the key's first characters, when it
+    was made, last used and revoked. Never a key itself (only its hash is stored)."""
+    from app.auth.service import list_keys
+    from app.core.db import make_engine, make_sessionmaker, session_scope
+    from app.core.services import client_database_url
+
+    db_url = client_database_url(_settings())
+
+    async def _list() -> list[dict[str, Any]]:
+        engine = make_engine(db_url, pool_size=1)
+        try:
+            async with session_scope(make_sessionmaker(engine)) as session:
+                rows = await list_keys(session, project=project)
+        finally:
+            await engine.dispose()
+
+        def when(value: Any) -> str | None:
+            return value.isoformat() if value is not None else None
+
+        return [
+            {
+                "id": str(key.id),
+                "project": name,
+                "name": key.name,
+                "prefix": key.prefix,
+                "created_at": when(key.created_at),
+                "last_used_at": when(key.last_used_at),
+                "revoked_at": when(key.revoked_at),
+            }
+            for key, name in rows
+        ]
+
+    keys = _on_database(db_url, lambda: asyncio.run(_list()))
+    if as_json:
+        _print_json(keys)
+        return
+    headers = ["id", "project", "name", "prefix", "created", "last used", "revoked"]
+    fields = ["id", "project", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    print(_table(headers, [[str(k[f] or "-") for f in fields] for k in keys]), flush=True)
+
+
 # -- runs over HTTP --------------------------------------------------------------------------
 
 ApiUrl = Annotated[
@@ -894,7 +951,7 @@ def runs_create(
 
 def _table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """Plain columns, nothing cut: ids must stay whole to be pasted."""
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in rows)]) for i, h in enumerate(headers)]
     lines = [headers, *rows]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
@@ -982,6 +1039,382 @@ def runs_resume(
 ) -> None:
     """Put a paused run back in the queue."""
     _action("resume", run_id, api_url, api_key, as_json)
+
+
+@contextlib.contextmanager
+def _problems(api: Api) -> Iterator[None]:
+    """An error answer or a lost API, met mid-way through a command that holds a client of
+    its own (a stream), said in one line as :meth:`Api.call` says it."""
+    import httpx
+
+    try:
+        yield
+    except httpx.HTTPStatusError as exc:
+        raise CliError(problem_line(exc.response)) from exc
+    except httpx.TransportError as exc:
+        raise CliError(f"talking to the API at {api.url} failed: {exc}") from exc
+
+
+def _client(api: Api) -> httpx.Client:
+    import httpx
+
+    return httpx.Client(base_url=api.url, headers=_auth(api.key), timeout=30)
+
+
+@runs_app.command("follow")
+def runs_follow(
+    run_id: str,
+    events: Annotated[int, typer.Option(min=0, help="How many of the last events to show.")] = 5,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print each event as one JSON line (NDJSON).")
+    ] = False,
+) -> None:
+    """Follow a run live until it ends: its status, a step bar with the ETA, the reward and
+    its curve, and the last events. Resumes by itself after a dropped stream; a finished
+    run is shown at once.
+
+    Exit status: 0 completed, 1 failed (the error printed), 2 cancelled, 3 paused
+    (`trainyard runs resume` continues it)."""
+    from app.follow import EXIT_CODES, follow, until_settled
+
+    api = Api(api_url, api_key)
+    run = api.call("GET", f"/runs/{run_id}")
+    try:
+        with _problems(api), _client(api) as client:
+            if as_json:
+                for event in until_settled(client, str(run["id"]), stop_on_pause=True):
+                    if event.type != "keep-alive":
+                        print(json.dumps(event.data), flush=True)
+                final = api.call("GET", f"/runs/{run['id']}")
+            else:
+                final = follow(
+                    client, run, console=Console(soft_wrap=True), events=events, stop_on_pause=True
+                )
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    status = final["status"]
+    if status == "failed":
+        raise CliError(f"run {final['id']} failed: {final.get('error') or '(no error recorded)'}")
+    if not as_json:
+        said = f"run {final['id']} {status} at step {final['step']}"
+        if status == "paused":
+            said += f": `trainyard runs resume {final['id']}` continues it"
+        print(said, flush=True)
+    raise typer.Exit(EXIT_CODES.get(status, 1))
+
+
+@runs_app.command("events")
+def runs_events(
+    run_id: str,
+    limit: Annotated[int, typer.Option(min=1)] = 50,
+    after: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    as_json: Json = False,
+) -> None:
+    """A page of the run's events, oldest first (the whole page with --json)."""
+    from app.follow import event_line
+
+    params: dict[str, Any] = {"limit": limit}
+    if after:
+        params["after"] = after
+    page = Api(api_url, api_key).call("GET", f"/runs/{run_id}/events", params=params)
+    if as_json:
+        _print_json(page)
+        return
+    for event in page["data"]:
+        print(f"{event['id']:>6}  {event_line(event)}")
+    sys.stdout.flush()
+    if page.get("has_more"):
+        err.print(f"[dim]more: --after {page['next_cursor']}", highlight=False)
+
+
+# Fields of a run that are its result or bookkeeping, not how it was asked for.
+_NOT_CONFIG = frozenset(
+    {
+        "id",
+        "project_id",
+        "status",
+        "metrics",
+        "error",
+        "step",
+        "epoch",
+        "attempt",
+        "failures",
+        "cancel_requested",
+        "pause_requested",
+        "version",
+        "created_at",
+        "updated_at",
+        "started_at",
+        "completed_at",
+    }
+)
+
+
+def _flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A run's settings as dotted names (``grpo.beta``), so two runs compare field by
+    field; lists stay whole."""
+    if isinstance(value, dict) and value:
+        flat: dict[str, Any] = {}
+        for key, inner in value.items():
+            flat.update(_flatten(inner, f"{prefix}{key}."))
+        return flat
+    return {prefix.rstrip("."): value}
+
+
+def _shown(value: Any, limit: int = 40) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+@runs_app.command("compare")
+def runs_compare(
+    run_ids: Annotated[list[str], typer.Argument(help="2 to 5 run ids.")],
+    all_fields: Annotated[
+        bool, typer.Option("--all", help="Every field, not only those that differ.")
+    ] = False,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    as_json: Json = False,
+) -> None:
+    """Runs side by side: their settings (fields that differ marked `*`; only those unless
+    --all), then status, steps and reward (first step, last step, best)."""
+    if not 2 <= len(run_ids) <= 5:
+        raise CliError(f"compare takes 2 to 5 runs, not {len(run_ids)}", code=2)
+    api = Api(api_url, api_key)
+    runs = [api.call("GET", f"/runs/{run_id}") for run_id in run_ids]
+    flat = [_flatten({k: v for k, v in r.items() if k not in _NOT_CONFIG}) for r in runs]
+    names = sorted(set().union(*flat))
+    fields = {name: [f.get(name) for f in flat] for name in names}
+    differs = [name for name, values in fields.items() if any(v != values[0] for v in values)]
+    rewards = []
+    for run in runs:
+        series = api.call("GET", f"/runs/{run['id']}/metrics", params={"name": "reward_mean"})
+        points = [p["value"] for p in series["series"][0]["points"]] if series["series"] else []
+        rewards.append(
+            {
+                "first": points[0] if points else None,
+                "last": points[-1] if points else None,
+                "best": max(points) if points else None,
+                "steps": len(points),
+            }
+        )
+    if as_json:
+        _print_json(
+            {
+                "runs": [
+                    {"id": r["id"], "status": r["status"], "step": r["step"], "reward": w}
+                    for r, w in zip(runs, rewards, strict=True)
+                ],
+                "fields": fields,
+                "differs": differs,
+            }
+        )
+        return
+    shown = names if all_fields else differs
+    headers = ["", "field", *(r["id"] for r in runs)]
+    rows = [["*" if n in differs else "", n, *(_shown(v) for v in fields[n])] for n in shown]
+
+    def reward(key: str) -> list[str]:
+        return [f"{w[key]:.3f}" if w[key] is not None else "-" for w in rewards]
+
+    rows += [
+        ["", "status", *(r["status"] for r in runs)],
+        ["", "step", *(str(r["step"]) for r in runs)],
+        ["", "reward first", *reward("first")],
+        ["", "reward last", *reward("last")],
+        ["", "reward best", *reward("best")],
+    ]
+    print(_table(headers, rows), flush=True)
+    if not differs:
+        err.print("[dim]the runs' settings are the same", highlight=False)
+
+
+# -- trajectories over HTTP ------------------------------------------------------------------
+
+
+def _tool_calls(trajectory: dict[str, Any]) -> int:
+    """The episode's tool calls: what the workers count in ``metadata.tool_calls``, else the
+    calls its messages hold (an imported row may have no metadata)."""
+    counted = (trajectory.get("metadata") or {}).get("tool_calls")
+    if isinstance(counted, int):
+        return counted
+    messages = trajectory.get("messages") or []
+    return sum(len(m.get("tool_calls") or []) for m in messages if isinstance(m, dict))
+
+
+def _answer(trajectory: dict[str, Any]) -> str:
+    messages = trajectory.get("messages") or []
+    last = next((m for m in reversed(messages) if m.get("role") == "assistant"), None)
+    return _shown(str((last or {}).get("content") or ""), 50)
+
+
+@trajectories_app.command("list")
+def trajectories_list(
+    run_id: str,
+    step: Annotated[int | None, typer.Option(min=0)] = None,
+    min_reward: Annotated[float | None, typer.Option(help="Inclusive.")] = None,
+    max_reward: Annotated[float | None, typer.Option(help="Inclusive.")] = None,
+    min_tool_calls: Annotated[
+        int | None, typer.Option(min=0, help="Agent episodes with at least this many tool calls.")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1)] = 20,
+    after: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+    as_json: Json = False,
+) -> None:
+    """A run's trajectories by step, group and rollout (the whole page with --json)."""
+    params = {
+        "step": step,
+        "min_reward": min_reward,
+        "max_reward": max_reward,
+        "min_tool_calls": min_tool_calls,
+        "limit": limit,
+        "after": after,
+    }
+    page = Api(api_url, api_key).call(
+        "GET",
+        f"/runs/{run_id}/trajectories",
+        params={k: v for k, v in params.items() if v is not None},
+    )
+    if as_json:
+        _print_json(page)
+        return
+    rows = [
+        [
+            t["id"],
+            str(t["step"]),
+            str(t["group_index"]),
+            str(t["rollout_index"]),
+            f"{t['reward']:.3f}" if t["reward"] is not None else "-",
+            str(_tool_calls(t)),
+            _answer(t),
+        ]
+        for t in page["data"]
+    ]
+    headers = ["id", "step", "group", "rollout", "reward", "tools", "answer"]
+    print(_table(headers, rows), flush=True)
+    if page.get("has_more"):
+        err.print(f"[dim]more: --after {page['next_cursor']}", highlight=False)
+
+
+def message_lines(message: dict[str, Any]) -> list[str]:
+    """One message for reading: its role, its content, each tool call with its arguments,
+    and a tool result's error, duration and truncation."""
+    role = str(message.get("role") or "?")
+    head = f"[{role}]"
+    if message.get("name"):
+        head += f" {message['name']}"
+    if message.get("tool_call_id"):
+        head += f" (answers {message['tool_call_id']})"
+    notes = []
+    if message.get("error"):
+        notes.append(f"error: {' '.join(str(message['error']).split())}")
+    if message.get("duration_ms") is not None:
+        notes.append(f"{message['duration_ms']} ms")
+    if message.get("truncated"):
+        notes.append("truncated")
+    if notes:
+        head += "  " + ", ".join(notes)
+    lines = [head]
+    content = message.get("content")
+    if content:
+        text = content if isinstance(content, str) else json.dumps(content, ensure_ascii=False)
+        lines += [f"  {line}" for line in text.splitlines()]
+    for call in message.get("tool_calls") or []:
+        function = call.get("function") or {}
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments, ensure_ascii=False)
+        said = f"  → call {function.get('name')}({arguments})"
+        lines.append(said + (f"  id {call['id']}" if call.get("id") else ""))
+    return lines
+
+
+@trajectories_app.command("show")
+def trajectories_show(
+    trajectory_id: str, api_url: ApiUrl = None, api_key: ApiKey = None, as_json: Json = False
+) -> None:
+    """One trajectory: where it came from, its reward (and breakdown), then its messages,
+    tool calls and tool results included."""
+    t = Api(api_url, api_key).call("GET", f"/trajectories/{trajectory_id}")
+    if as_json:
+        _print_json(t)
+        return
+    reward = f"{t['reward']:.3f}" if t["reward"] is not None else "-"
+    print(f"trajectory {t['id']}")
+    print(f"run {t['run_id']}  step {t['step']}  group {t['group_index']}  ", end="")
+    print(f"rollout {t['rollout_index']}  reward {reward}")
+    if t.get("reward_breakdown"):
+        print("reward breakdown: " + json.dumps(t["reward_breakdown"], ensure_ascii=False))
+    if t.get("metadata"):
+        print("metadata: " + json.dumps(t["metadata"], ensure_ascii=False))
+    for message in t.get("messages") or []:
+        print()
+        print("\n".join(message_lines(message)))
+    sys.stdout.flush()
+
+
+@trajectories_app.command("export")
+def trajectories_export(
+    output: Annotated[Path, typer.Argument(help="JSONL file to write ('-' for stdout).")],
+    run_id: Annotated[list[str] | None, typer.Option(help="Repeatable.")] = None,
+    learning_key: Annotated[list[str] | None, typer.Option(help="Repeatable.")] = None,
+    status: Annotated[list[str] | None, typer.Option(help="The run's status; repeatable.")] = None,
+    step: Annotated[list[int] | None, typer.Option(help="Repeatable.")] = None,
+    min_reward: Annotated[float | None, typer.Option(help="Inclusive.")] = None,
+    max_reward: Annotated[float | None, typer.Option(help="Inclusive.")] = None,
+    min_tool_calls: Annotated[
+        int | None, typer.Option(min=0, help="Agent episodes with at least this many tool calls.")
+    ] = None,
+    since: Annotated[
+        str | None, typer.Option(help="ISO date, or date and time (no zone: UTC).")
+    ] = None,
+    until: Annotated[
+        str | None, typer.Option(help="ISO date, or date and time (no zone: UTC); inclusive.")
+    ] = None,
+    limit: Annotated[int | None, typer.Option(min=1)] = None,
+    messages: Annotated[bool, typer.Option(help="Include the messages.")] = True,
+    api_url: ApiUrl = None,
+    api_key: ApiKey = None,
+) -> None:
+    """Export the key's project's trajectories matching the filters as JSON Lines, through
+    the API (`GET /trajectories/export`), written as it streams."""
+    params = {
+        "run_id": run_id,
+        "learning_key": learning_key,
+        "status": status,
+        "step": step,
+        "min_reward": min_reward,
+        "max_reward": max_reward,
+        "min_tool_calls": min_tool_calls,
+        "start_date": since,
+        "end_date": until,
+        "limit": limit,
+        "include_messages": "true" if messages else "false",
+    }
+    api = Api(api_url, api_key)
+    written = 0
+    with _problems(api), _client(api) as client:
+        query = {k: v for k, v in params.items() if v is not None}
+        with client.stream("GET", "/trajectories/export", params=query, timeout=None) as answer:
+            if answer.status_code >= 400:
+                answer.read()
+                raise CliError(problem_line(answer))
+            to_stdout = str(output) == "-"
+            sink = contextlib.nullcontext(sys.stdout) if to_stdout else output.open("w")
+            with sink as out:
+                for line in answer.iter_lines():
+                    if line:
+                        out.write(line + "\n")
+                        written += 1
+                out.flush()
+    err.print(f"{written} trajectories exported")
 
 
 # -- training data from the database ---------------------------------------------------------

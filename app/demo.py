@@ -18,26 +18,18 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import httpx
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskID,
-    TextColumn,
-    TimeElapsedColumn,
-)
+from rich.progress import Progress, TaskID
 
 from app.core.config_files import apply_overrides, load_preset
 from app.core.services import STATE_FILE, Installation, read_state
+from app.follow import Narrator, buckets, follow, metric_series, sparkline
 
 console = Console(stderr=True)
-SPARK = "▁▂▃▄▅▆▇█"
 
 
 @dataclass(frozen=True)
@@ -54,21 +46,6 @@ PLAIN = Flavour(Path("configs/runs/letters.yaml"), "tiny-llama", (), agent=False
 AGENT = Flavour(
     Path("configs/runs/agent-calculator.yaml"), "tiny-llama-tools", ("--tools",), agent=True
 )
-
-
-def sparkline(values: list[float], lo: float = 0.0, hi: float = 1.0) -> str:
-    span = (hi - lo) or 1.0
-    return "".join(
-        SPARK[min(len(SPARK) - 1, max(0, int((v - lo) / span * len(SPARK))))] for v in values
-    )
-
-
-def _buckets(values: list[float], width: int) -> list[float]:
-    """``values`` averaged down to at most ``width`` points, for a sparkline that fits."""
-    if len(values) <= width:
-        return values
-    edges = [round(i * len(values) / width) for i in range(width + 1)]
-    return [sum(values[a:b]) / (b - a) for a, b in pairwise(edges) if b > a]
 
 
 def _cli(*args: str, env: dict[str, str]) -> str:
@@ -93,76 +70,6 @@ def _wait_up(home: Path, up: subprocess.Popen[bytes], timeout: float = 180) -> I
             return found
         time.sleep(0.2)
     raise SystemExit("trainyard up did not start in time; see its log")
-
-
-def _series(client: httpx.Client, run_id: str, name: str) -> list[float]:
-    """One metric's values, by step."""
-    found = (
-        client.get(f"/runs/{run_id}/metrics", params={"name": name})
-        .raise_for_status()
-        .json()["series"]
-    )
-    return [p["value"] for p in found[0]["points"]] if found else []
-
-
-class Narrator:
-    """What the demo says beside the progress bar as events arrive. The plain demo says
-    nothing more than the bar; :class:`AgentNarrator` tells the warm-up and the episodes."""
-
-    def event(self, progress: Progress, task: TaskID, event: str, data: dict[str, Any]) -> None:
-        return None
-
-    def idle(self, progress: Progress, task: TaskID) -> None:
-        """A keep-alive of the stream: nothing happened for a while."""
-        return None
-
-
-def follow(
-    client: httpx.Client, run: dict[str, Any], narrator: Narrator | None = None
-) -> dict[str, Any]:
-    """Follow the run's SSE stream (resuming after drops) until its last event."""
-    narrator = narrator or Narrator()
-    total = run.get("max_steps") or 0
-    last_id: str | None = None
-    with Progress(
-        TextColumn("[bold]{task.fields[status]:>10}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[note]}"),
-        TimeElapsedColumn(),
-        console=console,
-    ) as progress:
-        task = progress.add_task("run", total=total or None, status=run["status"], note="")
-        while True:
-            headers = {"Last-Event-ID": last_id} if last_id else {}
-            try:
-                with client.stream(
-                    "GET", f"/runs/{run['id']}/events/stream", headers=headers, timeout=None
-                ) as stream:
-                    event = ""
-                    for line in stream.iter_lines():
-                        if line.startswith(":"):
-                            narrator.idle(progress, task)
-                        elif line.startswith("id: "):
-                            last_id = line[4:]
-                        elif line.startswith("event: "):
-                            event = line[7:]
-                        elif line.startswith("data: "):
-                            data = json.loads(line[6:])
-                            if event == "end":
-                                return client.get(f"/runs/{run['id']}").raise_for_status().json()
-                            if event == "status":
-                                progress.update(task, status=data["data"]["to"])
-                            elif event == "step":
-                                reward = data["data"].get("reward_mean")
-                                progress.update(
-                                    task,
-                                    completed=data["data"]["step"],
-                                    note=f"reward {reward:.3f}" if reward is not None else "",
-                                )
-                            narrator.event(progress, task, event, data)
-            except httpx.TransportError:
-                time.sleep(1)  # the stream resumes from Last-Event-ID
 
 
 def _short(text: str, limit: int = 40) -> str:
@@ -245,16 +152,16 @@ class AgentNarrator(Narrator):
 
     def idle(self, progress: Progress, task: TaskID) -> None:
         if self.warming:
-            loss = _series(self.client, self.run_id, "sft/loss")
+            loss = metric_series(self.client, self.run_id, "sft/loss")
             if loss:
                 progress.update(task, note=f"sft loss {loss[-1]:.3f} (step {len(loss)})")
 
     def _warm_up_done(self, progress: Progress) -> None:
-        loss = _series(self.client, self.run_id, "sft/loss")
+        loss = metric_series(self.client, self.run_id, "sft/loss")
         if loss:
             progress.console.print(
                 f"SFT warm-up: {len(loss)} steps, loss {loss[0]:.3f} → {loss[-1]:.3f}  "
-                f"{sparkline(_buckets(loss, 40), 0.0, max(loss))}",
+                f"{sparkline(buckets(loss, 40), 0.0, max(loss))}",
                 markup=False,
                 soft_wrap=True,
             )
@@ -310,7 +217,8 @@ def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: boo
                 return 1
             run = created.json()
             console.print(f"run [bold]{run['id']}[/] created; following its events")
-            run = follow(client, run, AgentNarrator(client, run) if flavour.agent else None)
+            narrator = AgentNarrator(client, run) if flavour.agent else None
+            run = follow(client, run, narrator, console=console)
             code = report(client, run)
         console.print(
             "\nthe services stop now; `make up` serves this run again, e.g.\n"
@@ -333,7 +241,7 @@ def report(client: httpx.Client, run: dict[str, Any]) -> int:
         console.print(f"[red]run {run['status']}[/]: {run.get('error')}")
         return 1
     metrics = run.get("metrics") or {}
-    rewards = _series(client, str(run["id"]), "reward_mean")
+    rewards = metric_series(client, str(run["id"]), "reward_mean")
     checkpoints = client.get(f"/runs/{run['id']}/checkpoints").raise_for_status().json()["data"]
     console.print(f"\n[bold green]completed[/] {run['step']} steps")
     if rewards:

@@ -26,8 +26,10 @@ from app.health import broker_client
 from app.health import router as health_router
 from app.inputs.router import router as inputs_router
 from app.metrics.router import router as metrics_router
+from app.observability import prometheus
 from app.runs.router import router as runs_router
 from app.trajectories.router import router as trajectories_router
+from app.webhooks.router import router as webhooks_router
 
 try:
     VERSION = version("trainyard")
@@ -62,6 +64,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if settings.rate_limit_per_second > 0
             else None
         )
+        metrics_server = (
+            prometheus.serve(settings.metrics_port, settings.metrics_token)
+            if settings.metrics_enabled and settings.metrics_port is not None
+            else None
+        )
         # Everything built so far lives as long as the process: keep it out of the garbage
         # collector's full passes, which otherwise show up as latency spikes.
         gc.collect()
@@ -69,6 +76,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            if metrics_server is not None:
+                metrics_server.shutdown()
+                metrics_server.server_close()
+            prometheus.process_exited()  # its in-flight gauge no longer counts
             if app.state.rate_limiter is not None:
                 await app.state.rate_limiter.aclose()
             await app.state.redis.aclose()
@@ -92,8 +103,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         inputs_router,
         trajectories_router,
         datasets_router,
+        webhooks_router,
     ):
         app.include_router(router, responses=problem_responses(429))
+    if settings.metrics_enabled and settings.metrics_port is None:
+        app.include_router(prometheus.metrics_router(settings.metrics_token))
     install_openapi(app, settings)  # links, exact parameters, the page size cap
     if settings.rate_limit_per_second > 0:
         app.add_middleware(RateLimitHeaders)
@@ -107,5 +121,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         },
     )
+    if settings.metrics_enabled:  # outermost of ours: it times the limits' answers too
+        app.add_middleware(prometheus.PrometheusMiddleware)
 
     return app

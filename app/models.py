@@ -11,6 +11,7 @@ from app.inputs.models import TaskInput
 from app.metrics.models import MetricPoint
 from app.runs.models import Run
 from app.trajectories.models import Trajectory
+from app.webhooks.models import Webhook, WebhookDelivery
 
 metadata = SQLModel.metadata
 
@@ -26,5 +27,7 @@ __all__ = [
     "RunEvent",
     "TaskInput",
     "Trajectory",
+    "Webhook",
+    "WebhookDelivery",
     "metadata",
 ]

@@ -17,6 +17,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.events import service as events
+from app.observability import prometheus
 from app.runs import leases
 from app.runs.models import Run
 from app.runs.state import Fence, LeaseLost, transition
@@ -52,6 +53,7 @@ class RunContext:
                     session, self.run_id, self.fence, ttl_seconds=self.settings.lease_ttl_seconds
                 )
         except LeaseLost:
+            prometheus.LEASE_RENEWALS_FAILED.labels("lost").inc()
             log.warning("run %s: lease lost; stopping", self.run_id)
             self.lost = True
             self._changed.set()
@@ -69,6 +71,7 @@ class RunContext:
             try:
                 await self.heartbeat_once()
             except Exception:  # database unreachable: keep trying until the lease runs out
+                prometheus.LEASE_RENEWALS_FAILED.labels("error").inc()
                 log.exception("run %s: heartbeat failed", self.run_id)
 
     def check(self, *, pause_ok: bool = True) -> None:

@@ -1,7 +1,9 @@
-"""Housekeeping every worker does: the reconciler sweep and idempotency-key expiry.
+"""Housekeeping every worker does: the reconciler sweep, idempotency-key expiry and a pass
+over the webhook outbox (app/webhooks/delivery.py).
 
 It runs in a daemon thread of each worker process. A sweep runs at start, whenever
-Postgres notifies that a run became due (``pg_notify`` on commit), and every
+Postgres notifies that a run became due or a webhook event was written (``pg_notify`` on
+commit), and every
 ``reaper_interval_seconds`` in any case. Concurrent sweeps in several workers are safe
 (row locks with SKIP LOCKED, compare-and-set transitions).
 """
@@ -15,9 +17,12 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.idempotency import purge_expired
+from app.observability import prometheus
 from app.runs.dispatch import DUE_CHANNEL, Dispatcher
 from app.runs.reconcile import sweep
-from workers.celery_app import get_celery
+from app.webhooks.delivery import CHANNEL as WEBHOOKS_CHANNEL
+from app.webhooks.delivery import deliver_due
+from workers.celery_app import QUEUES, get_celery
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -67,9 +72,10 @@ class Maintenance:
             self._listener = None
         conn = await self.runtime.engine.connect()
         raw = await conn.get_raw_connection()
-        await raw.driver_connection.add_listener(  # type: ignore[union-attr]
-            DUE_CHANNEL, lambda *_: self._wake.set()
-        )
+        for channel in (DUE_CHANNEL, WEBHOOKS_CHANNEL):
+            await raw.driver_connection.add_listener(  # type: ignore[union-attr]
+                channel, lambda *_: self._wake.set()
+            )
         self._listener = conn
 
     def _loop(self) -> None:
@@ -86,4 +92,25 @@ class Maintenance:
                     log.info("published %d due run(s)", published)
             except Exception:
                 log.exception("reconciler sweep failed")
+            try:
+                # The webhook outbox: events committed since the last pass, and retries due.
+                self.runtime.run(deliver_due(self.runtime.sessionmaker, self.runtime.settings))
+            except Exception:
+                log.exception("webhook delivery pass failed")
+            if self._exporting_metrics:
+                try:
+                    self.runtime.run(self._refresh_run_gauges(), timeout=30)
+                    prometheus.refresh_queue_depth(get_celery(), QUEUES)
+                except Exception:
+                    log.exception("metrics refresh failed")
             self._wake.wait(interval)
+
+    @property
+    def _exporting_metrics(self) -> bool:
+        """Runs by status and queue depth cost a GROUP BY over every run and a broker
+        round trip: only refreshed where something reads them."""
+        return bool(self.runtime.settings.worker_metrics_port or prometheus.multiprocess_dir())
+
+    async def _refresh_run_gauges(self) -> None:
+        async with self.runtime.session() as session:
+            await prometheus.refresh_run_gauges(session)

@@ -7,6 +7,7 @@ import uuid
 
 from celery.signals import worker_process_init, worker_ready, worker_shutdown
 
+from app.observability import prometheus
 from workers.celery_app import get_celery
 from workers.driver import drive, load_pipeline
 from workers.maintenance import Maintenance, reconcile_once
@@ -37,7 +38,11 @@ def reconcile() -> int:
 @worker_ready.connect
 def _start_maintenance(**_: object) -> None:
     global _maintenance
-    _maintenance = Maintenance(get_runtime())
+    runtime = get_runtime()
+    prometheus.start_worker_metrics(
+        runtime.settings.worker_metrics_port, runtime.settings.metrics_token
+    )
+    _maintenance = Maintenance(runtime)
     _maintenance.start()
 
 

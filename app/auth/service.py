@@ -65,6 +65,21 @@ async def revoke_key(session: AsyncSession, key_id: uuid.UUID) -> bool:
     return bool(getattr(result, "rowcount", 0))
 
 
+async def list_keys(
+    session: AsyncSession, *, project: str | None = None
+) -> list[tuple[ApiKey, str]]:
+    """Every key (optionally of the project named ``project``) with its project's name,
+    newest first. Only what is stored: a key's hash and first characters, never the key."""
+    query = (
+        select(ApiKey, col(Project.name))
+        .join(Project, col(Project.id) == col(ApiKey.project_id))
+        .order_by(col(ApiKey.created_at).desc(), col(ApiKey.id))
+    )
+    if project is not None:
+        query = query.where(col(Project.name) == project)
+    return [(key, name) for key, name in (await session.execute(query)).all()]
+
+
 class KeyCache:
     """Recently verified keys, so a request costs no extra query.
 

@@ -137,6 +137,42 @@ class Settings(BaseSettings):
         "working or paused; a run being cancelled no longer counts); POST /runs beyond it "
         "is a 429. 0: no limit.",
     )
+    # Observability (docs/observability.md)
+    metrics_enabled: bool = Field(
+        default=True, description="Serve Prometheus metrics (GET /metrics on the API)."
+    )
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="Serve the API's /metrics on this port of its own instead of the API's.",
+    )
+    metrics_token: str | None = Field(
+        default=None,
+        description="A bearer token /metrics then requires (401 without it); unset: open.",
+    )
+    worker_metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="A worker serves its Prometheus metrics on this port; unset: it does not.",
+    )
+    # Webhooks (docs/webhooks.md)
+    webhooks_allow_private: bool = Field(
+        default=False,
+        description="Allow webhook URLs on loopback, private and link-local addresses "
+        "(refused by default: a project must not reach the service's own network).",
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0, gt=0, le=300, description="How long one webhook delivery may take."
+    )
+    webhook_retry_hours: float = Field(
+        default=24.0,
+        gt=0,
+        le=24 * 14,
+        description="How long a failing delivery is retried (exponential backoff with "
+        "jitter) before it is given up.",
+    )
 
     @property
     def artifacts(self) -> Path:

@@ -14,6 +14,7 @@ and ``session``) on that database.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -128,8 +129,9 @@ class OwnDatabase:
         }
 
 
-@pytest.fixture
-async def own_database(service_urls: tuple[str, str]) -> AsyncIterator[OwnDatabase]:
+@contextlib.asynccontextmanager
+async def database_of_its_own(service_urls: tuple[str, str]) -> AsyncIterator[OwnDatabase]:
+    """A database cloned from the template, and a broker prefix, dropped afterwards."""
     session_url, broker = service_urls
     session_db = make_url(session_url).database
     assert session_db
@@ -144,6 +146,20 @@ async def own_database(service_urls: tuple[str, str]) -> AsyncIterator[OwnDataba
     finally:
         await execute(session_url, f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
         delete_broker_keys(broker, prefix)
+
+
+@pytest.fixture
+async def own_database(service_urls: tuple[str, str]) -> AsyncIterator[OwnDatabase]:
+    async with database_of_its_own(service_urls) as own:
+        yield own
+
+
+@pytest.fixture(scope="module")
+async def module_database(service_urls: tuple[str, str]) -> AsyncIterator[OwnDatabase]:
+    """One database for a module whose tests share a long-lived service (``trainyard up``):
+    no worker of it ever sees another module's runs."""
+    async with database_of_its_own(service_urls) as own:
+        yield own
 
 
 @pytest.fixture

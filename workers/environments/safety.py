@@ -16,6 +16,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from app.observability import prometheus
+
 TRUNCATED = "\n[... output truncated: {cut} of {total} characters not shown]"
 
 
@@ -120,15 +122,18 @@ def call_tool(
     capped text or raise :class:`ToolFailed` with a capped message."""
     started = time.perf_counter()
     record = CallRecord(name, 0.0)
+    outcome = "ok"
     try:
         text, record.truncated = cap(as_text(invoke()), limits.max_output_chars)
         return text
     except BaseException as exc:
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt, SystemExit: the worker's own, not the tool's
+        outcome = "timeout" if isinstance(exc, ToolTimeout) else "error"
         message, _ = cap(describe(exc), min(limits.max_output_chars, 2000))
         record.error = message
         raise (type(exc) if isinstance(exc, ToolFailed) else ToolFailed)(message) from None
     finally:
         record.duration_ms = (time.perf_counter() - started) * 1000
         records.append(record)
+        prometheus.TOOL_SECONDS.labels(outcome).observe(record.duration_ms / 1000)

@@ -22,6 +22,7 @@ from transformers import TrainerCallback
 from app.checkpoints import service as checkpoints
 from app.events import service as events
 from app.metrics import service as metrics
+from app.observability import prometheus
 from app.runs import step_moves
 from app.runs.models import Run
 from app.runs.status import RunStatus
@@ -100,10 +101,12 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         if self.first_reward is None and "reward_mean" in values:
             self.first_reward = values["reward_mean"]
         batch = self.plan[step - 1]
+        rollouts = len(batch.items) * self.run.rollouts_per_group
+        prometheus.observe_step(seconds, rollouts, stats.completion_tokens)
         summary = {
             "step": step,
             "epoch": batch.epoch,
-            "total_trajectories": step * len(batch.items) * self.run.rollouts_per_group,
+            "total_trajectories": step * rollouts,
             "avg_reward": values.get("reward_mean"),
             "min_reward": values.get("reward_min"),
             "max_reward": values.get("reward_max"),

@@ -56,6 +56,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from app.observability import prometheus
 from app.runs.rewards import RimReward
 from workers.llm import ChatClient, Endpoint, LLMError
 from workers.rewards.base import Group, Rollout, Score
@@ -439,13 +440,14 @@ class RimScorer:
     ) -> Sample:
         sample = Sample(model=client.endpoint.model, temperature=temperature)
         try:
-            sample.answer = client.structured(
-                judge_messages(name, group, rollout),
-                name=f"rim_{name}",
-                schema=answer_schema(),
-                model=JudgeAnswer,
-                temperature=temperature,
-            )
+            with prometheus.judge_call(f"rim_{name}"):
+                sample.answer = client.structured(
+                    judge_messages(name, group, rollout),
+                    name=f"rim_{name}",
+                    schema=answer_schema(),
+                    model=JudgeAnswer,
+                    temperature=temperature,
+                )
         except LLMError as exc:
             sample.error = str(exc)
         except Exception as exc:  # a bug must not kill the run either; it is logged

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.core.settings import Settings
+from app.observability import prometheus
 from app.runs.rewards import RulerReward
 from workers.llm import AnswerRejected, ChatClient, LLMError, LLMUnavailable
 from workers.llm.endpoints import resolve_endpoint
@@ -169,14 +170,15 @@ class RulerScorer:
             return []
         ids = [str(i + 1) for i in range(len(group.rollouts))]
         try:
-            answer = client.structured(
-                judge_messages(group, self.rubric, ids),
-                name="ruler_scores",
-                schema=answer_schema(ids),
-                model=RulerAnswer,
-                temperature=self.temperature,
-                validate=lambda a: check_ids(a, ids),
-            )
+            with prometheus.judge_call("ruler"):
+                answer = client.structured(
+                    judge_messages(group, self.rubric, ids),
+                    name="ruler_scores",
+                    schema=answer_schema(ids),
+                    model=RulerAnswer,
+                    temperature=self.temperature,
+                    validate=lambda a: check_ids(a, ids),
+                )
         except LLMError as exc:
             return self._dropped(group, str(exc))
         except Exception as exc:  # a bug must not kill the run either; it is logged

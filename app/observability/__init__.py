@@ -1,0 +1,1 @@
+"""Metrics (Prometheus) for the API and the workers; see docs/observability.md."""

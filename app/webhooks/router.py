@@ -1,0 +1,128 @@
+"""``/webhooks``: a project's endpoints for run and checkpoint events (docs/webhooks.md)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from app.auth.deps import Caller
+from app.core.deps import ReadSession, Session
+from app.core.errors import problem_responses
+from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.settings import app_settings
+from app.webhooks import service
+from app.webhooks.schemas import (
+    DeliveriesPage,
+    DeliveryPublic,
+    WebhookCreate,
+    WebhookPublic,
+    WebhookSecret,
+    WebhooksPage,
+)
+
+router = APIRouter(prefix="/webhooks", tags=["webhooks"])
+
+
+def _key(row: Any) -> tuple[str, str]:
+    """The cursor of a row of either list: both are ordered by (created_at, id)."""
+    return (row.created_at.isoformat(), str(row.id))
+
+
+def _position(
+    cursor: str | None, *, of: str, scope: tuple[Any, ...]
+) -> tuple[datetime, uuid.UUID] | None:
+    if not cursor:
+        return None
+    created_at, row_id = decode_cursor(
+        cursor, datetime.fromisoformat, uuid.UUID, of=of, scope=scope
+    )
+    return (created_at, row_id)
+
+
+@router.post(
+    "",
+    status_code=201,
+    operation_id="create_webhook",
+    response_model=WebhookSecret,
+    responses=problem_responses(401, 422, 429),
+)
+async def create_webhook(
+    body: WebhookCreate, request: Request, caller: Caller, session: Session
+) -> WebhookSecret:
+    """Register an endpoint. The answer holds its signing secret, shown only this once."""
+    allow_private = app_settings(request).webhooks_allow_private
+    webhook = await service.create(session, caller.project_id, body, allow_private=allow_private)
+    return WebhookSecret.model_validate(webhook)
+
+
+LIST = "list_webhooks"
+
+
+@router.get(
+    "",
+    operation_id=LIST,
+    response_model=WebhooksPage,
+    responses=problem_responses(401, 422),
+)
+async def list_webhooks(caller: Caller, session: ReadSession, page: Paging) -> dict[str, Any]:
+    """The project's endpoints, oldest first. Their secrets are never shown again."""
+    after = _position(page.after, of=LIST, scope=())
+    rows = await service.list_after(session, caller.project_id, after=after, limit=page.limit + 1)
+    return make_page(rows, page.limit, _key, WebhookPublic.model_validate, of=LIST)
+
+
+@router.delete(
+    "/{webhook_id}",
+    status_code=204,
+    operation_id="delete_webhook",
+    responses=problem_responses(401, 404, 422),
+)
+async def delete_webhook(webhook_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+    """Remove the endpoint; its pending deliveries are dropped with it."""
+    await service.delete(session, caller.project_id, webhook_id)
+    return Response(status_code=204)
+
+
+@router.post(
+    "/{webhook_id}/rotate",
+    operation_id="rotate_webhook_secret",
+    response_model=WebhookSecret,
+    responses=problem_responses(401, 404, 422),
+)
+async def rotate_webhook_secret(
+    webhook_id: uuid.UUID, caller: Caller, session: Session
+) -> WebhookSecret:
+    """A new signing secret, shown only in this answer; the old one stops signing now."""
+    webhook = await service.rotate(session, caller.project_id, webhook_id)
+    return WebhookSecret.model_validate(webhook)
+
+
+DELIVERIES = "list_webhook_deliveries"
+
+
+@router.get(
+    "/{webhook_id}/deliveries",
+    operation_id=DELIVERIES,
+    response_model=DeliveriesPage,
+    responses=problem_responses(401, 404, 422),
+)
+async def list_webhook_deliveries(
+    webhook_id: uuid.UUID, caller: Caller, session: ReadSession, page: Paging
+) -> dict[str, Any]:
+    """The endpoint's events, newest first: attempts, last status or error, when delivered."""
+    scope = (webhook_id,)
+    before = _position(page.after, of=DELIVERIES, scope=scope)
+    rows = await service.deliveries(
+        session, caller.project_id, webhook_id, before=before, limit=page.limit + 1
+    )
+    return make_page(
+        rows,
+        page.limit,
+        _key,
+        DeliveryPublic.of,
+        of=DELIVERIES,
+        scope=scope,
+    )

@@ -1,0 +1,171 @@
+"""Metrics across processes: the API under ``uvicorn --workers 2`` and a real Celery worker
+training on the tiny model, all writing to one ``PROMETHEUS_MULTIPROC_DIR``, seen summed in
+one scrape."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+from prometheus_client import multiprocess
+
+from app.observability import prometheus
+from tests.support import ROOT
+from tests.support.cli import free_port, wait_for
+from tests.support.database import Tenant, api, own_database, sessionmaker  # noqa: F401
+from tests.support.prometheus import value
+from tests.support.runs import wait_for as wait_for_run
+from tests.support.workers import letters_run, start_worker, tiny_model  # noqa: F401
+
+REQUESTS = "trainyard_http_requests_total"
+
+
+async def scraped_steps(client: httpx.AsyncClient) -> float:
+    return value((await client.get("/metrics")).text, "trainyard_training_steps_total")
+
+
+@contextlib.contextmanager
+def uvicorn_api(folder: Path, log: Path, **env: str) -> Iterator[str]:
+    """The API under ``uvicorn --workers 2`` with ``folder`` as its multiprocess directory;
+    yields its base URL once it answers."""
+    port = free_port()
+    environ = {
+        **os.environ,
+        **env,
+        prometheus.MULTIPROC_ENV: str(folder),
+        "PYTHONPATH": str(ROOT),
+        "PYTHONUNBUFFERED": "1",
+    }
+    proc = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "uvicorn", "app.asgi:app", "--workers", "2"),
+            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
+        ],
+        cwd=ROOT,
+        env=environ,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+        return False
+
+    try:
+        wait_for("the API under uvicorn", ready, 60, log)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(5)
+
+
+def healthz_by_process(folder: Path) -> dict[str, float]:
+    """``GET /healthz`` answered per process, read from each process's own file."""
+    counts = {}
+    for path in folder.glob("counter_*.db"):
+        merged = multiprocess.MultiProcessCollector.merge([str(path)], accumulate=True)
+        counts[path.stem.removeprefix("counter_")] = sum(
+            s.value
+            for metric in merged
+            for s in metric.samples
+            if s.name == REQUESTS and s.labels.get("route") == "/healthz"
+        )
+    return counts
+
+
+def test_two_api_processes_are_summed_in_one_scrape(
+    service_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    folder = prometheus.prepare_multiprocess_dir(tmp_path / "prometheus")
+    with uvicorn_api(folder, tmp_path / "api.log") as base:
+        sent = 0
+
+        def both_answered() -> bool:
+            # A new connection per request: the kernel hands each to either process.
+            nonlocal sent
+            for _ in range(5):
+                assert httpx.get(f"{base}/healthz").status_code == 200
+                sent += 1
+            per_process = healthz_by_process(folder)
+            return len([n for n in per_process.values() if n > 0]) >= 2
+
+        wait_for("both API processes to answer", both_answered, 30, tmp_path / "api.log")
+        per_process = healthz_by_process(folder)
+        text = httpx.get(f"{base}/metrics").text  # answered by one of them
+        assert sum(per_process.values()) == sent
+        assert value(text, REQUESTS, method="GET", route="/healthz", status="200") == sent
+        timed = "trainyard_http_request_duration_seconds_count"
+        assert value(text, timed, route="/healthz") == sent
+
+
+async def test_step_and_rollout_counters_move_during_a_real_run(
+    own_database: Any,  # noqa: F811
+    make_tenant: Any,
+    sessionmaker: Any,  # noqa: F811
+    start_worker: Any,  # noqa: F811
+    tiny_model: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The issue's "done when": /metrics of the API (2 processes) during a real run on the
+    tiny model shows the worker's step and rollout counters moving."""
+    folder = prometheus.prepare_multiprocess_dir(tmp_path / "prometheus")
+    worker_port = free_port()
+    start_worker(
+        TRAINYARD_PIPELINE="workers.pipeline:run_pipeline",
+        TRAINYARD_HOME=str(tmp_path / "home"),
+        TRAINYARD_WORKER_METRICS_PORT=str(worker_port),
+        **{prometheus.MULTIPROC_ENV: str(folder)},
+    )
+    tenant: Tenant = await make_tenant()
+    body = letters_run(tiny_model, max_steps=2000, grpo={"save_steps": 10_000})
+    per_step = body["grpo"]["groups_per_step"] * body["rollouts_per_group"]
+    with uvicorn_api(folder, tmp_path / "api.log", **own_database.env()) as base:
+        async with httpx.AsyncClient(base_url=base, headers=tenant.headers) as client:
+            run = (await client.post("/runs", json=body)).json()
+            seen = [await scraped_steps(client)]
+            deadline = time.monotonic() + 180  # only turns a hang into a failure
+            while seen[-1] < 3:
+                assert time.monotonic() < deadline, (tmp_path / "api.log").read_text()[-3000:]
+                await asyncio.sleep(0.1)
+                seen.append(await scraped_steps(client))
+            assert seen == sorted(seen)  # counters only move up
+            # 2000 steps: the run is still going while its counters moved.
+            assert (await client.get(f"/runs/{run['id']}")).json()["status"] not in {
+                "completed",
+                "failed",
+                "cancelled",
+            }
+            assert (await client.post(f"/runs/{run['id']}/cancel")).status_code == 200
+            done = await wait_for_run(
+                sessionmaker, run["id"], lambda r: r.status == "cancelled", within=60
+            )
+            text = (await client.get("/metrics")).text
+        # The worker's own port serves the same merged values.
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{worker_port}") as worker:
+            own = (await worker.get("/metrics")).text
+    steps = value(text, "trainyard_training_steps_total")
+    # Counted at each step's end; the run's step is stored a moment later, so a cancel
+    # can land between the two for the last step.
+    assert done.step >= 3 and steps in {done.step, done.step + 1}
+    assert value(text, "trainyard_rollouts_total") == steps * per_step
+    assert value(text, "trainyard_step_duration_seconds_count") == steps
+    assert value(text, "trainyard_completion_tokens_total") > 0
+    assert value(text, REQUESTS, route="/runs", method="POST", status="202") == 1
+    assert value(own, "trainyard_training_steps_total") == steps
