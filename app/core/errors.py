@@ -32,11 +32,13 @@ TYPE_BASE = "https://trainyard.dev/problems/"
 # get, because no document can state them: fields each valid alone but not together (an
 # inverted range, exclusive options, one setting a multiple of another), a cursor the server
 # never handed out (it is opaque: only the server can read it), an Idempotency-Key first
-# used with another body, an id in the body that names nothing the project has.
+# used with another body, an id in the body that names nothing the project has, a webhook
+# URL whose host does not resolve or resolves to an address the service must not reach.
 INCONSISTENT = "inconsistent"
 INVALID_CURSOR = "invalid_cursor"
 KEY_REUSED = "idempotency_key_reused"
 UNKNOWN_REFERENCE = "unknown_reference"
+UNUSABLE_TARGET = "unusable_target"
 
 
 def inconsistent(message: str) -> PydanticCustomError:

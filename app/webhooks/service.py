@@ -11,6 +11,7 @@ from datetime import datetime
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.domain import InvalidInput, LimitReached, NotFound
+from app.core.errors import UNUSABLE_TARGET
 from app.webhooks import repository
 from app.webhooks.models import Webhook, WebhookDelivery
 from app.webhooks.schemas import WebhookCreate
@@ -33,7 +34,7 @@ async def create(
     """A new endpoint with a fresh secret (the answer's only copy of it)."""
     why = await refusal(body.url, allow_private=allow_private)
     if why is not None:
-        raise InvalidInput(f"url {why}.", field="body.url")
+        raise InvalidInput(f"url {why}.", field="body.url", error_type=UNUSABLE_TARGET)
     await repository.lock_project(session, project_id)
     if await repository.count(session, project_id) >= MAX_WEBHOOKS_PER_PROJECT:
         raise LimitReached(

@@ -28,7 +28,13 @@ from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 from starlette.types import Receive, Scope, Send
 
-from app.core.errors import INCONSISTENT, INVALID_CURSOR, KEY_REUSED, UNKNOWN_REFERENCE
+from app.core.errors import (
+    INCONSISTENT,
+    INVALID_CURSOR,
+    KEY_REUSED,
+    UNKNOWN_REFERENCE,
+    UNUSABLE_TARGET,
+)
 from app.core.openapi import install_openapi
 from app.core.settings import Settings
 from app.main import create_app
@@ -138,12 +144,14 @@ def _unforeseeable(response: schemathesis.Response) -> bool:
     """Whether a 422 is one that no OpenAPI document can foresee, so schema-valid data may
     get it: every field it names is valid alone but not with another (an inverted range,
     exclusive options), is a cursor the server never handed out or an Idempotency-Key first
-    used with another body, or names a dataset the project does not have."""
+    used with another body, names a dataset the project does not have, or is a webhook URL
+    whose host does not resolve (or resolves to a private address)."""
     if response.status_code != 422:
         return False
     problem = response.json()
     return all(
-        error.get("type") in (INCONSISTENT, INVALID_CURSOR, KEY_REUSED, UNKNOWN_REFERENCE)
+        error.get("type")
+        in (INCONSISTENT, INVALID_CURSOR, KEY_REUSED, UNKNOWN_REFERENCE, UNUSABLE_TARGET)
         # A dataset the project has, but with only validation rows: nothing to train on.
         or (problem.get("title"), error.get("field")) == ("Unusable dataset", "body.dataset_id")
         for error in problem.get("errors") or [{}]
