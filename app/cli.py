@@ -146,9 +146,11 @@ def api(
     workers: Annotated[int, typer.Option(min=1)] = 1,
     log_level: str = "warning",
 ) -> None:
-    """Serve the REST API with uvicorn (uvloop + httptools)."""
+    """Serve the REST API with uvicorn (uvloop + httptools). Logs go to stderr as JSON lines,
+    or plain text on a terminal (`TRAINYARD_LOG_FORMAT`), with one access line per request."""
     import uvicorn
 
+    from app.core.logs import logging_config
     from app.core.services import database_url, redis_url
 
     # Resolve embedded services once here, so uvicorn's worker processes share them.
@@ -170,7 +172,8 @@ def api(
         loop="uvloop",
         http="httptools",
         log_level=log_level,
-        access_log=False,
+        log_config=logging_config(log_level),  # applied in each of uvicorn's processes
+        access_log=False,  # ours (trainyard.access) has the route, request id and project
         timeout_graceful_shutdown=10,
     )
 

@@ -14,6 +14,7 @@ from app.checkpoints.router import router as checkpoints_router
 from app.core.db import make_engine, make_sessionmaker
 from app.core.errors import install_error_handlers, problem_responses
 from app.core.limits import BodySizeLimit
+from app.core.logs import RequestLog
 from app.core.openapi import install_openapi
 from app.core.pg import create_pool
 from app.core.ratelimit import RateLimiter, RateLimitHeaders
@@ -123,5 +124,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     if settings.metrics_enabled:  # outermost of ours: it times the limits' answers too
         app.add_middleware(prometheus.PrometheusMiddleware)
+    app.add_middleware(RequestLog)  # outermost: every request gets its id and access line
 
     return app

@@ -7,11 +7,14 @@ Queues: ``control`` (CPU work: input generation, judges, the reconciler) and ``g
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from functools import lru_cache
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 from kombu import Queue
 
+from app.core.logs import configure_logging, log_context
 from app.core.services import redis_url
 from app.core.settings import get_settings
 
@@ -66,3 +69,31 @@ def get_celery() -> Celery:
     return make_celery(
         redis_url(settings), settings.broker_prefix, settings.broker_visibility_timeout_seconds
     )
+
+
+@signals.setup_logging.connect
+def _configure_logging(loglevel: int | str | None = None, **_: Any) -> None:
+    """The worker logs as the API does. A receiver of this signal tells Celery to configure
+    no logging of its own, so its loggers (``celery.*``, the task loggers) reach the one
+    handler :func:`configure_logging` puts on the root, and none twice."""
+    configure_logging(loglevel or "INFO")
+
+
+# Each running task's log scope, by task id: the lines it logs carry its task id (the
+# driver adds the run id); the scope's context reaches the runtime loop with the coroutine.
+_task_scopes: dict[str, AbstractContextManager[Any]] = {}
+
+
+@signals.task_prerun.connect
+def _enter_task_scope(task_id: str | None = None, **_: Any) -> None:
+    if task_id is not None:
+        scope = log_context(task_id=task_id)
+        scope.__enter__()
+        _task_scopes[task_id] = scope
+
+
+@signals.task_postrun.connect
+def _leave_task_scope(task_id: str | None = None, **_: Any) -> None:
+    scope = _task_scopes.pop(task_id, None) if task_id is not None else None
+    if scope is not None:
+        scope.__exit__(None, None, None)

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 from importlib import import_module
 
+from app.core.logs import log_context
 from app.runs import leases
 from app.runs.state import LeaseLost, TransitionConflict
 from app.runs.status import RunStatus
@@ -38,6 +39,12 @@ def load_pipeline(dotted: str) -> Pipeline:
 
 async def drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str:
     """Run ``pipeline`` on ``run_id`` if this worker can claim it; returns what happened."""
+    # Every line logged while the run is driven, here or in the pipeline, carries its id.
+    with log_context(run_id=run_id):
+        return await _drive(runtime, run_id, pipeline)
+
+
+async def _drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str:
     settings = runtime.settings
     async with runtime.session() as session:
         claimed = await leases.claim(
@@ -49,7 +56,8 @@ async def drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str:
         )
     if claimed is None:
         return "not-claimed"
-    _, fence = claimed
+    run, fence = claimed
+    log.info("run %s: claimed (attempt %d)", run_id, run.attempt)
     ctx = RunContext(runtime, run_id, fence)
     heartbeat = asyncio.create_task(ctx.heartbeat_forever())
     try:

@@ -8,6 +8,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from app.auth.service import Principal, authenticate
 from app.core.errors import TYPE_BASE, Problem
+from app.core.logs import bind_log_context
 from app.core.ratelimit import STATE_KEY, Decision, RateLimiter
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ty_…`")
@@ -43,6 +44,7 @@ async def current_principal(
     )
     if principal is None:
         raise _unauthorized("Unknown or revoked API key.")
+    bind_log_context(project_id=principal.project_id)  # the request's lines, its access line
     limiter: RateLimiter | None = request.app.state.rate_limiter
     if limiter is not None:
         decision = await limiter.hit(principal.key_id.hex)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from fastapi import Request
 from pydantic import Field
@@ -138,6 +139,12 @@ class Settings(BaseSettings):
         "is a 429. 0: no limit.",
     )
     # Observability (docs/observability.md)
+    log_format: Literal["auto", "json", "text"] = Field(
+        default="auto",
+        description="How the API and workers log: JSON lines (time, level, logger, message, "
+        "run_id, request_id, project_id, ...) for a log collector, or plain text for a "
+        "person. auto: text when stderr is a terminal, JSON otherwise.",
+    )
     metrics_enabled: bool = Field(
         default=True, description="Serve Prometheus metrics (GET /metrics on the API)."
     )

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from app.core.errors import inconsistent
 from app.core.storable import HttpUrlStr, NulFreeStr, RequestModel
+from app.runs.environments import _no_repeats
 
 
 class LoraSettings(RequestModel):
@@ -146,6 +147,25 @@ class GrpoSettings(RequestModel):
     greater_is_better: bool = Field(
         default=True, description="Whether a higher metric_for_best_model is better."
     )
+    # Experiment trackers (docs/trackers.md)
+    report_to: list[Literal["wandb", "tensorboard"]] = Field(
+        default=[],
+        max_length=2,
+        json_schema_extra={"uniqueItems": True},
+        description="Also log the training metrics to these trackers: 'tensorboard' (event "
+        "files under the run's artifacts, <run>/tensorboard) and 'wandb' (Weights & Biases; "
+        "its run directory under <run>/wandb; the worker's WANDB_MODE=offline keeps it "
+        "local). The run's id is in the tracker's config; its name is trained_model_name or "
+        "run-<id> (the SFT warm-up: <name>-sft).",
+    )
+    tracker_project: NulFreeStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="The W&B project the run is logged to; unset: the run's learning_key, "
+        "or 'trainyard'.",
+    )
     # Inference engine for rollouts
     engine: Literal["transformers", "vllm-colocate", "vllm-server"] = Field(
         default="transformers",
@@ -171,6 +191,12 @@ class GrpoSettings(RequestModel):
         max_length=500,
         description="The vLLM server's base URL, for engine 'vllm-server'.",
     )
+
+    @field_validator("report_to")
+    @classmethod
+    def _once_each(cls, value: list[str]) -> list[str]:
+        _no_repeats(value, "report_to")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> GrpoSettings:

@@ -176,10 +176,12 @@ async def test_a_worker_killed_mid_warm_up_and_mid_episode_resumes_each_once(
     run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
     assert "id" in run, run
 
-    # Killed once the warm-up has a checkpoint: the next worker resumes the warm-up.
+    # Killed once the warm-up has a whole checkpoint (its trainer state is the last file
+    # written; the kill may land while a later one is half-written, which must be skipped):
+    # the next worker resumes the warm-up.
     staging = Path(worker_home["TRAINYARD_HOME"]) / "artifacts" / run["id"] / "sft" / "staging"
     for _ in range(3000):
-        if list(staging.glob("checkpoint-*")):
+        if list(staging.glob("checkpoint-*/trainer_state.json")):
             break
         await asyncio.sleep(0.05)
     else:

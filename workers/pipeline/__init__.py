@@ -26,12 +26,13 @@ S = RunStatus
 
 
 async def run_pipeline(ctx: RunContext) -> None:
-    from workers.pipeline.training import check_model
+    from workers.pipeline.training import check_model, check_trackers
 
     run = await ctx.load()
     scorer = make_scorer(run.reward)
     await asyncio.to_thread(scorer.check)  # judges are reached over the network
     await asyncio.to_thread(check_model, run.model_name, tools=run.environment is not None)
+    check_trackers(run.grpo.get("report_to") or [])
     check_vllm(run.grpo.get("engine", "transformers"))
     environment = None
     if run.environment is not None:

@@ -161,8 +161,9 @@ def warm_up(
     import torch
     from datasets import Dataset
     from transformers import AutoTokenizer
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import SFTConfig, SFTTrainer
+
+    from workers.pipeline.training import tracker_callbacks, tracker_name
 
     spec = run.sft or {}
     staging = root / "sft" / "staging"
@@ -181,7 +182,8 @@ def warm_up(
         logging_steps=1,
         save_strategy="epoch",
         save_total_limit=2,
-        report_to=[],
+        report_to=[],  # trackers are attached as callbacks: tracker_callbacks
+        run_name=f"{tracker_name(run)}-sft",
         disable_tqdm=True,
         bf16=run.grpo["bf16"] and cuda,
         fp16=run.grpo["fp16"] and cuda,
@@ -193,13 +195,13 @@ def warm_up(
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[_callback(ctx)],
+        callbacks=[_callback(ctx), *tracker_callbacks(run, root, "sft")],
     )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
-    resume = get_last_checkpoint(str(staging)) if staging.is_dir() else None
+    resume = last_complete_checkpoint(staging)
     if resume:
         ctx.runtime.run(ctx.event("sft", f"SFT warm-up resumes from {Path(resume).name}"))
     trainer.train(resume_from_checkpoint=resume)
@@ -213,6 +215,30 @@ def warm_up(
     os.rename(temporary, final)
     shutil.rmtree(staging, ignore_errors=True)
     return final
+
+
+def last_complete_checkpoint(staging: Path) -> str | None:
+    """The newest warm-up checkpoint that was written to the end, or None.
+
+    A worker killed while the trainer saved leaves a folder without its trainer state, the
+    last file the trainer writes (transformers' own get_last_checkpoint would pick it and
+    the resume would fail on it): such folders are removed and the one before is taken."""
+    numbered = [
+        path
+        for path in staging.glob("checkpoint-*")
+        if path.is_dir() and path.name.removeprefix("checkpoint-").isdigit()
+    ]
+    for path in sorted(
+        numbered, key=lambda p: int(p.name.removeprefix("checkpoint-")), reverse=True
+    ):
+        try:
+            json.loads((path / "trainer_state.json").read_text())
+        except (OSError, ValueError):
+            log.warning("removing the half-written warm-up checkpoint %s", path)
+            shutil.rmtree(path, ignore_errors=True)
+            continue
+        return str(path)
+    return None
 
 
 def _callback(ctx: RunContext) -> Any:

@@ -85,6 +85,95 @@ def check_model(model_name: str, *, tools: bool = False) -> None:
                 ) from exc
 
 
+class TrackerUnavailable(RuntimeError):
+    pass
+
+
+def check_trackers(report_to: list[str]) -> None:
+    """Fail before any step if a tracker the run reports to cannot work on this worker: its
+    package is missing, or W&B would need a login (a worker has no terminal to prompt on:
+    give it WANDB_API_KEY, a netrc entry, or WANDB_MODE=offline)."""
+    import importlib.util
+
+    packages = {"tensorboard": "tensorboard", "wandb": "wandb"}
+    for name in report_to:
+        if importlib.util.find_spec(packages[name]) is None:
+            raise TrackerUnavailable(
+                f"report_to names {name!r} but the {packages[name]!r} package is not installed "
+                "on this worker (pip install 'trainyard[worker]')"
+            )
+    if "wandb" in report_to and os.environ.get("WANDB_MODE") not in ("offline", "disabled"):
+        import netrc
+        from urllib.parse import urlparse
+
+        host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+        try:
+            stored = netrc.netrc().authenticators(host or "") is not None
+        except (OSError, netrc.NetrcParseError):
+            stored = False
+        if not (os.environ.get("WANDB_API_KEY") or stored):
+            raise TrackerUnavailable(
+                f"report_to names 'wandb' but this worker has no W&B API key for {host} "
+                "(WANDB_API_KEY or ~/.netrc) and WANDB_MODE is not offline: it would wait "
+                "for a login no one can type"
+            )
+
+
+def tracker_name(run: Run) -> str:
+    """The run's name in its trackers: what it trains, or its id."""
+    return run.trained_model_name or f"run-{run.id}"
+
+
+def tracker_callbacks(run: Run, root: Path, stage: str) -> list[Any]:
+    """transformers' own tracker callbacks for one stage of the run (``grpo`` or ``sft``),
+    given their folders, names and project explicitly.
+
+    Not through ``report_to``: transformers 5.19 takes TensorBoard's folder, W&B's project
+    and folder only from process-wide environment variables (racy in a threads worker) and
+    never finishes the W&B run, so the next stage or run in this process would log into it.
+    Folders: ``<run>/tensorboard/<stage>``; ``<run>/wandb`` (one W&B run per stage)."""
+    report_to = (run.grpo or {}).get("report_to") or []
+    name = tracker_name(run) + ("-sft" if stage == "sft" else "")
+    callbacks: list[Any] = []
+    if "tensorboard" in report_to:
+        from torch.utils.tensorboard import SummaryWriter
+        from transformers.integrations import TensorBoardCallback
+
+        callbacks.append(TensorBoardCallback(SummaryWriter(str(root / "tensorboard" / stage))))
+    if "wandb" in report_to:
+        from transformers.integrations import WandbCallback
+
+        project = (run.grpo or {}).get("tracker_project") or run.learning_key or "trainyard"
+        project = re.sub(r"[^A-Za-z0-9_.-]+", "_", project)[:128]
+        folder = root / "wandb"
+        folder.mkdir(parents=True, exist_ok=True)
+
+        class StageWandb(WandbCallback):  # type: ignore[misc]
+            """transformers' W&B logging into a run opened with this stage's project, name
+            and folder (the mode is the worker's WANDB_MODE), closed when training ends."""
+
+            def setup(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
+                if state.is_world_process_zero:
+                    if self._wandb.run is not None:  # left open by a stage that raised
+                        self._wandb.finish()
+                    self._wandb.init(
+                        project=project,
+                        name=name,
+                        group=str(run.id),  # its stages and resumed attempts together
+                        dir=str(folder),
+                        config={"trainyard_run_id": str(run.id), "trainyard_stage": stage},
+                    )
+                super().setup(args, state, model, **kwargs)
+
+            def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                super().on_train_end(args, state, control, **kwargs)
+                if self._wandb.run is not None:
+                    self._wandb.finish()
+
+        callbacks.append(StageWandb())
+    return callbacks
+
+
 def prompt_messages(system_prompt: str | None, input_text: str) -> list[dict[str, str]]:
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [*messages, {"role": "user", "content": input_text}]
@@ -339,7 +428,8 @@ def grpo_config(
         save_strategy="steps",
         save_steps=grpo["save_steps"],
         save_total_limit=None,  # Trainyard prunes its own checkpoint folder
-        report_to=[],
+        report_to=[],  # trackers are attached as callbacks: tracker_callbacks
+        run_name=tracker_name(run),
         disable_tqdm=True,
         **kwargs,
     )
@@ -417,7 +507,10 @@ def train(
         train_dataset=dataset,
         eval_dataset=eval_dataset,
         peft_config=peft_config,
-        callbacks=[RunCallback(ctx, run, bridge, paths, plan)],
+        callbacks=[
+            RunCallback(ctx, run, bridge, paths, plan),
+            *tracker_callbacks(run, paths.root, "grpo"),
+        ],
         **agent,
     )
     bridge.trainer = trainer
