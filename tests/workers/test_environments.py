@@ -290,6 +290,22 @@ def test_mcp_calls_errors_timeouts_and_caps(mcp_env: LoadedEnvironment) -> None:
     assert box._failure is None  # tool errors and timeouts do not end the episode
 
 
+def test_mcp_command_python_is_the_workers_interpreter() -> None:
+    """`command: [python, ...]` as the docs write it works whatever `python` the server's
+    PATH would find: the worker's own interpreter, which has the mcp SDK, runs it."""
+    env = load(
+        type="mcp",
+        command=["python", "-m", "tests.support.mcp_server"],
+        env={"PYTHONPATH": str(ROOT)},
+        tools=["add"],
+    )
+    try:
+        instance = env.factory()
+        assert float(instance.add(a=2, b=3)) == 5.0
+    finally:
+        env.close()
+
+
 def test_mcp_allow_list_offers_only_the_allowed_tools() -> None:
     env = load(type="mcp", **MCP_SERVER, tools=["lookup"])
     try:

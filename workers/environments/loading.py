@@ -21,6 +21,7 @@ import inspect
 import json
 import keyword
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import import_module
@@ -276,6 +277,15 @@ def _schema_signature(tool: Any) -> tuple[inspect.Signature, dict[str, Any], str
     return inspect.Signature(params), hints, doc
 
 
+def _interpreter(command: list[str] | None) -> list[str] | None:
+    """A server started as plain ``python`` (or ``python3``) runs on the worker's own
+    interpreter, which has the ``mcp`` SDK: the child gets only the SDK's safe environment,
+    and whatever ``python`` its PATH finds first may not. An explicit path is kept."""
+    if command and command[0] in ("python", "python3"):
+        return [sys.executable, *command[1:]]
+    return command
+
+
 def _mcp_environment(
     spec: dict[str, Any], limits: Limits
 ) -> tuple[type[Episode], Callable[[], None]]:
@@ -287,7 +297,7 @@ def _mcp_environment(
     )
 
     toolbox = McpToolbox(
-        command=spec.get("command"),
+        command=_interpreter(spec.get("command")),
         url=spec.get("url"),
         env=spec.get("env") or {},
         allow=spec.get("tools"),
