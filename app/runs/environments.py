@@ -20,11 +20,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
 from app.core.errors import inconsistent
 from app.core.storable import HttpUrlStr, NulFreeStr, StorableObject
-from app.runs.rewards import ENV_NAME, IMPORT_PATH, Strict, builtin_or_import_path
+from app.runs.rewards import (
+    ENV_NAME,
+    Strict,
+    builtin_or_import_path,
+    check_builtin_args,
+    describe_builtin_args,
+)
 
 # --- built-ins -----------------------------------------------------------------------------
 
@@ -161,24 +167,13 @@ class ToolsEnvironment(_Episode):
         return value
 
 
-def _describe_builtin_args(schema: dict[str, Any]) -> None:
-    """Say in the document which args each built-in environment takes (one branch each, and
-    one for user factories, whose args are free-form), as rewards.py does for built-in
-    reward functions, so that a client that follows it sends args the validator accepts."""
-    branches: list[dict[str, Any]] = []
-    for builtin in BUILTIN_ENVIRONMENTS.values():
-        args = builtin.args.model_json_schema()
-        args.pop("title", None)
-        branches.append({"properties": {"factory": {"const": builtin.name}, "args": args}})
-    branches.append({"properties": {"factory": {"pattern": f"^{IMPORT_PATH}$"}}})
-    schema["anyOf"] = branches
-
-
 class PythonEnvironment(_Episode):
     """An environment object per episode: its methods are the tools, it keeps the episode's
     state, and its get_reward is what the ``environment`` reward function returns."""
 
-    model_config = ConfigDict(json_schema_extra=_describe_builtin_args)
+    model_config = ConfigDict(
+        json_schema_extra=describe_builtin_args("factory", BUILTIN_ENVIRONMENTS.values())
+    )
 
     type: Literal["python"]
     factory: str = Field(
@@ -208,14 +203,8 @@ class PythonEnvironment(_Episode):
     @classmethod
     def _builtin_args(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         builtin = BUILTIN_ENVIRONMENTS.get(info.data.get("factory", ""))
-        if builtin is None:
-            return value  # a user factory's args are the user's to check
-        try:
-            builtin.args.model_validate(value)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            raise ValueError(f"{builtin.name} {where or 'args'}: {first['msg']}") from None
+        if builtin is not None:  # a user factory's args are the user's to check
+            check_builtin_args(builtin.name, builtin.args, value)
         return value
 
 

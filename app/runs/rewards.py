@@ -7,9 +7,9 @@ hour later on a GPU.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Protocol
 
 from pydantic import (
     ConfigDict,
@@ -147,20 +147,49 @@ def builtin_or_import_path(builtins: Iterable[str]) -> tuple[str, re.Pattern[str
 _FUNCTION_NAME, _FUNCTION_NAME_RE = builtin_or_import_path(BUILTIN_REWARDS)
 
 
-def _describe_builtin_args(schema: dict[str, Any]) -> None:
-    """Say in the document which args each built-in takes (one branch per built-in, and one
-    for user functions, whose args are free-form), so that a client, or a fuzzer, that
-    follows it sends args the validator below accepts."""
-    branches: list[dict[str, Any]] = []
-    for builtin in BUILTIN_REWARDS.values():
-        args = builtin.args.model_json_schema()
-        args.pop("title", None)
-        branch: dict[str, Any] = {"properties": {"name": {"const": builtin.name}, "args": args}}
-        if args.get("required"):
-            branch["required"] = ["args"]
-        branches.append(branch)
-    branches.append({"properties": {"name": {"pattern": f"^{IMPORT_PATH}$"}}})
-    schema["anyOf"] = branches
+class Builtin(Protocol):
+    """A built-in a run names: a reward function, an environment."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def args(self) -> type[Strict]: ...
+
+
+def describe_builtin_args(
+    key: str, builtins: Iterable[Builtin]
+) -> Callable[[dict[str, Any]], None]:
+    """A ``json_schema_extra`` saying in the document which args each built-in named by
+    ``key`` takes (one branch per built-in, and one for import paths, whose args are
+    free-form), so that a client, or a fuzzer, that follows it sends args the validators
+    accept. Shared by reward functions and built-in environments."""
+
+    def describe(schema: dict[str, Any]) -> None:
+        branches: list[dict[str, Any]] = []
+        for builtin in builtins:
+            args = builtin.args.model_json_schema()
+            args.pop("title", None)
+            branch: dict[str, Any] = {"properties": {key: {"const": builtin.name}, "args": args}}
+            if args.get("required"):
+                branch["required"] = ["args"]
+            branches.append(branch)
+        branches.append({"properties": {key: {"pattern": f"^{IMPORT_PATH}$"}}})
+        schema["anyOf"] = branches
+
+    return describe
+
+
+def check_builtin_args(name: str, model: type[Strict], args: dict[str, Any]) -> None:
+    """``args`` of the built-in ``name`` checked against its ``model``: a ValueError naming
+    the first argument that does not fit (the field validator's message)."""
+    try:
+        model.model_validate(args)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        message = first["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{name} {where or 'args'}: {message}") from None
 
 
 class JudgeEndpoint(Strict):
@@ -234,7 +263,9 @@ class RimReward(Strict):
 
 
 class RewardFunction(Strict):
-    model_config = ConfigDict(json_schema_extra=_describe_builtin_args)
+    model_config = ConfigDict(
+        json_schema_extra=describe_builtin_args("name", BUILTIN_REWARDS.values())
+    )
 
     name: str = Field(
         max_length=300,
@@ -266,15 +297,8 @@ class RewardFunction(Strict):
     @classmethod
     def _builtin_args(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         name = info.data.get("name")
-        if name not in BUILTIN_REWARDS:
-            return value  # a user function's args are the user's to check
-        try:
-            builtin_args(name, value)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"])
-            message = first["msg"].removeprefix("Value error, ")
-            raise ValueError(f"{name} {where or 'args'}: {message}") from None
+        if name in BUILTIN_REWARDS:  # a user function's args are the user's to check
+            check_builtin_args(name, BUILTIN_REWARDS[name].args, value)
         return value
 
 

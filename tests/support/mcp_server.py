@@ -12,10 +12,27 @@ import argparse
 import os
 import time
 
+import psutil
 from mcp.server import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 
 server = MCPServer("trainyard-test-tools", log_level="WARNING")
+
+MODULE = "tests.support.mcp_server"
+
+
+def server_processes(parent_pid: int | None = None) -> list[psutil.Process]:
+    """The live test servers under the process ``parent_pid`` (default: this one), a reaped
+    or zombie child not counted: what a toolbox started, for a test to kill."""
+    found = []
+    for child in psutil.Process(parent_pid).children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE and MODULE in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
 
 _TABLE = {"paris": "France", "rome": "Italy", "lima": "Peru"}
 

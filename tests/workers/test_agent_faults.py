@@ -12,13 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import psutil
 from sqlalchemy import select
 
 from app.trajectories.models import Trajectory
 from tests.support import ROOT
+from tests.support.mcp_server import server_processes
 from tests.support.runs import events, trajectory_keys, wait_for
-from tests.support.workers import addition_run, letter_rows
+from tests.support.workers import addition_run, agent_run, letter_rows
 
 FAULTY = "tests.support.agent_tools"
 
@@ -87,22 +87,9 @@ async def test_a_hanging_a_raising_and_a_flooding_tool_leave_the_run_alive(
     assert counts and all(c["tool_errors"] >= 1 for c in counts if c["tool_calls"] == 4)
 
 
-def _mcp_servers(worker_pid: int) -> list[psutil.Process]:
-    found = []
-    for child in psutil.Process(worker_pid).children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "tests.support.mcp_server" in " ".join(
-                child.cmdline()
-            ):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return found
-
-
 async def _kill_the_server(worker_pid: int) -> int:
     for _ in range(200):
-        servers = _mcp_servers(worker_pid)
+        servers = server_processes(worker_pid)
         if servers:
             os.kill(servers[0].pid, signal.SIGKILL)
             return servers[0].pid
@@ -212,7 +199,8 @@ async def test_an_environment_the_worker_cannot_load_fails_the_run_before_step_1
     client, tenant, sessionmaker, start_worker, tool_model, tiny_model, worker_home
 ) -> None:
     """What the API cannot check (an import on the workers, a chat template without tool
-    calls) fails the run at once, saying why, before any warm-up or step."""
+    calls or that TRL cannot train a warm-up on) fails the run at once, saying why, before
+    any warm-up or step."""
     start_worker(**worker_home)
     reward = {"type": "function", "functions": [{"name": "exact_match"}]}
     missing = addition_run(
@@ -224,9 +212,12 @@ async def test_an_environment_the_worker_cannot_load_fails_the_run_before_step_1
     untemplated = addition_run(
         tiny_model, ["add"], {"type": "tools", "tools": ["add"]}, reward=reward
     )
+    # The plain tiny model's template has no tool calls and no training variant TRL knows.
+    untrainable = agent_run(tiny_model, environment=None, reward=reward)
     expected = {
         "cannot be imported on this worker": missing,
         "cannot render tool calls": untemplated,
+        "cannot be trained with an SFT warm-up": untrainable,
     }
     for reason, body in expected.items():
         run = (await client.post("/runs", json=body, headers=tenant.headers)).json()

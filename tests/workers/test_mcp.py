@@ -17,6 +17,7 @@ import psutil
 import pytest
 
 from tests.support import ROOT
+from tests.support.mcp_server import server_processes
 from workers.environments.mcp import (
     McpServerGone,
     McpToolbox,
@@ -27,20 +28,6 @@ from workers.environments.mcp import (
 SERVER = [sys.executable, "-m", "tests.support.mcp_server"]
 ENV = {"PYTHONPATH": str(ROOT)}  # the child gets only the SDK's safe variables besides
 TOOLS = {"add", "lookup", "sleep", "flood", "crash"}
-
-
-def server_processes() -> list[psutil.Process]:
-    """This test process's live MCP test servers (a reaped or zombie child does not count)."""
-    found = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.status() != psutil.STATUS_ZOMBIE and "tests.support.mcp_server" in " ".join(
-                child.cmdline()
-            ):
-                found.append(child)
-        except psutil.NoSuchProcess:
-            pass
-    return found
 
 
 @pytest.fixture

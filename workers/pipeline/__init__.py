@@ -31,7 +31,12 @@ async def run_pipeline(ctx: RunContext) -> None:
     run = await ctx.load()
     scorer = make_scorer(run.reward)
     await asyncio.to_thread(scorer.check)  # judges are reached over the network
-    await asyncio.to_thread(check_model, run.model_name, tools=run.environment is not None)
+    await asyncio.to_thread(
+        check_model,
+        run.model_name,
+        tools=run.environment is not None,
+        sft=run.sft is not None,
+    )
     check_trackers(run.grpo.get("report_to") or [])
     check_vllm(run.grpo.get("engine", "transformers"))
     environment = None

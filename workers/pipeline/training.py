@@ -45,9 +45,10 @@ class ModelUnavailable(RuntimeError):
     pass
 
 
-def check_model(model_name: str, *, tools: bool = False) -> None:
+def check_model(model_name: str, *, tools: bool = False, sft: bool = False) -> None:
     """Fail before any step if the model or its tokenizer cannot be loaded here (with
-    ``tools``: or if TRL cannot run tool calls with its chat template)."""
+    ``tools``: or if TRL cannot run tool calls with its chat template; with ``sft``: or if
+    TRL cannot mark its assistant turns for the warm-up's loss)."""
     from transformers import AutoConfig, AutoTokenizer
 
     where = "folder" if os.path.isdir(model_name) else "hub id"
@@ -83,6 +84,16 @@ def check_model(model_name: str, *, tools: bool = False) -> None:
                 raise ModelUnavailable(
                     f"TRL cannot parse the tool calls of {model_name!r}: {exc}"
                 ) from exc
+    if sft:
+        from trl.chat_template_utils import get_training_chat_template
+
+        try:
+            get_training_chat_template(tokenizer)
+        except ValueError as exc:
+            raise ModelUnavailable(
+                f"the chat template of {model_name!r} cannot be trained with an SFT warm-up "
+                f"(the loss is on assistant turns only): {exc}"
+            ) from exc
 
 
 class TrackerUnavailable(RuntimeError):

@@ -118,14 +118,15 @@ def resolve(name: str, args: dict[str, Any] | None = None) -> RewardFn:
     return partial(fn, **(args or {}))
 
 
-def _episode(fn: RewardFn, rollout: Rollout) -> dict[str, Any]:
-    """What an agent's reward functions get beyond a single-turn one's, as far as each
-    takes them: the whole conversation and the environment instance (single-turn calls
-    stay as they were)."""
+def _episode(rollout: Rollout) -> dict[str, Any]:
+    """What an agent's reward functions may get beyond a single-turn one's: the whole
+    conversation and the environment instance (single-turn calls stay as they were)."""
     if rollout.episode is None:
         return {}
-    offered = {"messages": [*rollout.prompt, *rollout.episode], "environment": rollout.environment}
-    return accepted(fn, offered)
+    return {"messages": [*rollout.prompt, *rollout.episode], "environment": rollout.environment}
+
+
+_EPISODE_KEYWORDS = {"messages": None, "environment": None}
 
 
 class FunctionScorer:
@@ -144,6 +145,9 @@ class FunctionScorer:
             for i, (name, f) in enumerate(zip(names, spec["functions"], strict=True))
         ]
         self.total_weight = sum(w for _, _, w in self.functions)
+        # Which of an episode's extra keywords each function takes, read from its signature
+        # once here rather than for every rollout.
+        self.takes = {name: set(accepted(fn, _EPISODE_KEYWORDS)) for name, fn, _ in self.functions}
 
     def check(self) -> None:
         """Resolving the functions in __init__ already proved they import."""
@@ -154,13 +158,14 @@ class FunctionScorer:
             row = []
             for rollout in group.rollouts:
                 parts: dict[str, float] = {}
+                extra = _episode(rollout)
                 for name, fn, _ in self.functions:
                     value = float(
                         fn(
                             rollout.completion,
                             prompt=rollout.prompt,
                             context=group.context,
-                            **_episode(fn, rollout),
+                            **{k: v for k, v in extra.items() if k in self.takes[name]},
                         )
                     )
                     parts[name] = value if math.isfinite(value) else 0.0
