@@ -61,7 +61,9 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         }
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        self.ctx.check()
+        # Cancel stops here; a pause only at a step's end, after its checkpoint (on_step_end):
+        # a pause seen first here would stop with no checkpoint of the steps since the last.
+        self.ctx.check(pause_ok=False)
         self.bridge.writes.check()
         self.bridge.stats = StepStats(started=time.monotonic())
 
