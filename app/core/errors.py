@@ -10,15 +10,16 @@ from __future__ import annotations
 import functools
 import logging
 import re
-from typing import Any
+from typing import Annotated, Any, get_args
 
 import asyncpg
 import sqlalchemy.exc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from pydantic_core import PydanticCustomError
+from pydantic_core.core_schema import ErrorType
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core.domain import Conflict, DomainError, InvalidInput, LimitReached, NotFound
@@ -46,21 +47,43 @@ def inconsistent(message: str) -> PydanticCustomError:
     return PydanticCustomError(INCONSISTENT, "{message}", {"message": message})
 
 
+# Every errors[].type there is: pydantic's error types (what a validation error says) and
+# this service's own.
+ERROR_TYPES = (
+    *get_args(ErrorType),
+    INCONSISTENT,
+    INVALID_CURSOR,
+    KEY_REUSED,
+    UNKNOWN_REFERENCE,
+    UNUSABLE_TARGET,
+)
+
+
 class FieldError(BaseModel):
     field: str = Field(description="Where the problem is: body.x.y, query.limit, header.X, …")
     message: str
-    type: str | None = Field(
-        default=None,
-        description="Why, for programs: pydantic's error type (string_too_long, …), "
-        f"'{INCONSISTENT}' for fields valid alone but not together, '{INVALID_CURSOR}', "
-        f"'{KEY_REUSED}', '{UNKNOWN_REFERENCE}'.",
+    # Documented as an enum, validated as a string: a type pydantic adds in a later version
+    # must not turn a 422 into a 500.
+    type: Annotated[str, WithJsonSchema({"type": "string", "enum": list(ERROR_TYPES)})] | None = (
+        Field(
+            default=None,
+            description="Why, for programs: pydantic's error type (string_too_long, …), "
+            f"'{INCONSISTENT}' for fields valid alone but not together, '{INVALID_CURSOR}', "
+            f"'{KEY_REUSED}', '{UNKNOWN_REFERENCE}', '{UNUSABLE_TARGET}'.",
+        )
     )
+
+
+def _type_is_always_there(schema: dict[str, Any]) -> None:
+    # `type` has a default, and the answer always says it: required (the other fields with
+    # defaults are left out when they are null).
+    schema["required"] = ["type", *schema.get("required", [])]
 
 
 class ProblemDetail(BaseModel):
     """RFC 9457 problem details."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", json_schema_extra=_type_is_always_there)
 
     type: str = "about:blank"
     title: str
@@ -269,7 +292,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
         @app.exception_handler(database_error)
         async def _database(request: Request, exc: Exception) -> JSONResponse:
-            if _unavailable(exc):
+            if database_unavailable(exc):
                 log.warning(
                     "database unavailable on %s %s: %s", request.method, request.url.path, exc
                 )
@@ -306,14 +329,25 @@ _UNAVAILABLE = (
 )
 
 
-def _unavailable(exc: BaseException | None) -> bool:
+def database_unavailable(exc: BaseException | None) -> bool:
     """Whether ``exc`` (or what caused it) says the database cannot be reached right now."""
     seen = 0
     while exc is not None and seen < 10:
-        if isinstance(exc, _UNAVAILABLE):
+        if isinstance(exc, _UNAVAILABLE) or (isinstance(exc, OSError) and _connecting(exc)):
             return True
         exc = getattr(exc, "orig", None) or exc.__cause__
         seen += 1
+    return False
+
+
+def _connecting(exc: OSError) -> bool:
+    """Raised while asyncpg connected: a server gone from its Unix socket is a
+    FileNotFoundError there, which anywhere else means a missing file (a 500)."""
+    tb = exc.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__") == "asyncpg.connect_utils":
+            return True
+        tb = tb.tb_next
     return False
 
 

@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Generic, TypeVar
 
 from fastapi import Depends, Query, Request, Response
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from app.core.columns import INT32_MAX, INT64_MAX
 from app.core.errors import INCONSISTENT, INVALID_CURSOR, Problem
@@ -31,6 +31,9 @@ T = TypeVar("T")
 
 
 class Page(BaseModel, Generic[T]):
+    # next_cursor is always in the answer (null on the last page): documented as required.
+    model_config = ConfigDict(json_schema_serialization_defaults_required=True)
+
     data: list[T]
     has_more: bool
     next_cursor: str | None = None

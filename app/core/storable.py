@@ -13,6 +13,8 @@ so that a client, or a fuzzer, that follows it never sends what the API has to r
   non-finite numbers, and nested at most ``MAX_JSON_DEPTH`` deep;
 - :data:`FiniteFloat`, or :class:`RequestModel` for every float of a model: no NaN/Infinity.
 
+For answers: :data:`StoredObject`, a free-form object documented as StorableObject is.
+
 For values the service produces itself (a young policy's output, a worker's metrics), which
 are stored whatever they hold: :func:`jsonable` and :func:`storable_number`. For values read
 back from the database: :func:`servable`, which makes any stored value renderable.
@@ -56,6 +58,26 @@ def _object_of(value: JsonSchemaValue) -> JsonSchemaValue:
     return {"type": "object", "propertyNames": {"pattern": NO_NUL}, "additionalProperties": value}
 
 
+def _any_storable(value: JsonSchemaValue) -> JsonSchemaValue:
+    """StorableJson without a union: keywords that each apply to one kind of value (a
+    string's ``pattern``, an array's ``items``, an object's keys and, under ``if``, values),
+    so any JSON value of those rules matches, however deep. The same values as the union of
+    seven branches that pydantic writes, but client generators read a recursive union as
+    an error (openapi-python-client refuses it, and every model that uses it) where they
+    read this as any value (openapi-python-client: ``Any``; openapi-typescript:
+    ``unknown``). An object's values are under ``if`` because openapi-typescript reads a
+    bare ``additionalProperties`` as "this is an object"."""
+    return {
+        "description": f"Any JSON value; no NUL in keys or strings, nested at most "
+        f"{MAX_JSON_DEPTH} deep.",
+        "pattern": NO_NUL,
+        "items": value,
+        "propertyNames": {"pattern": NO_NUL},
+        "if": {"type": "object"},
+        "then": {"additionalProperties": value},
+    }
+
+
 class _NulFree:
     def __get_pydantic_json_schema__(
         self, core_schema: CoreSchema, handler: GetJsonSchemaHandler
@@ -75,18 +97,9 @@ class _StorableObject:
         base = handler(core_schema)  # keeps title, description … of the field
         value = handler(_VALUE)  # {"$ref": …/StorableJson}, defined once per document
         definition = handler.resolve_ref_schema(value)
-        # pydantic writes a dict with constrained keys as patternProperties, which leaves
-        # other keys unconstrained: say "every key" instead.
-        definition["anyOf"] = [
-            _object_of(branch["patternProperties"][NO_NUL])
-            if "patternProperties" in branch
-            else branch
-            for branch in definition["anyOf"]
-        ]
-        definition.setdefault(
-            "description",
-            f"Any JSON value; no NUL in keys or strings, nested at most {MAX_JSON_DEPTH} deep.",
-        )
+        if "anyOf" in definition:  # pydantic's union, the first time the document needs it
+            definition.clear()
+            definition.update(_any_storable(value))
         extra = {k: v for k, v in base.items() if k not in ("type", "additionalProperties")}
         return {**_object_of(value), **extra}
 
@@ -157,6 +170,9 @@ NulFreeStr = Annotated[str, NUL_FREE, AfterValidator(_nul_free)]
 # clients (and the fuzzer) would not be told that the URL must start with http(s)://.
 HttpUrlStr = Annotated[str, Field(pattern=r"^https?://[^\x00]*$")]
 StorableObject = Annotated[dict[str, Any], STORABLE_OBJECT, AfterValidator(_storable)]
+# In an answer: a stored free-form object, documented as what it holds (what StorableObject
+# let in, or what jsonable made storable) and served as it is, without a check.
+StoredObject = Annotated[dict[str, Any], STORABLE_OBJECT]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
@@ -164,7 +180,11 @@ class RequestModel(BaseModel):
     """A request body (or part of one): unknown fields are a 422, so a request cannot set
     what exists only on the table, and so are NaN and Infinity in any float field."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    # Answers that show one (a run's reward, grpo …) show every field: in the answer-side
+    # (serialization mode) schema, fields with defaults are `required` too.
+    model_config = ConfigDict(
+        extra="forbid", allow_inf_nan=False, json_schema_serialization_defaults_required=True
+    )
 
 
 # --- making values storable -----------------------------------------------------------------

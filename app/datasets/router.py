@@ -85,7 +85,7 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
             "description": "Created: the dataset and all its rows are stored.",
             "headers": {"Location": {"schema": {"type": "string"}}},
         },
-        **problem_responses(401, 413, 415, 422),
+        **problem_responses(400, 401, 413, 415, 422),
     },
     openapi_extra={"requestBody": _REQUEST_BODY},
 )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,7 +36,7 @@ class DatasetRowPublic(BaseModel):
     index: int = Field(description="0-based position among the file's non-blank lines.")
     input_text: str
     context: dict[str, Any] | None
-    split: str
+    split: Literal["train", "validation"]
 
 
 class DatasetRowsPage(Page[DatasetRowPublic]):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict
@@ -24,7 +24,7 @@ class TaskInputPublic(BaseModel):
     index: int
     input_text: str
     context: dict[str, Any] | None
-    split: str
+    split: Literal["train", "validation"]
     created_at: datetime
 
 

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from app.core.errors import inconsistent
 from app.core.limits import MAX_DATASET_ROWS, MAX_INPUT_CHARS, MAX_JSON_DEPTH
+from app.core.openapi import DocumentedAs
 from app.core.pagination import Page
-from app.core.storable import NulFreeStr, RequestModel, StorableObject, servable
+from app.core.storable import NulFreeStr, RequestModel, StorableObject, StoredObject, servable
 from app.runs.environments import EnvironmentSpec, PythonEnvironment
 from app.runs.grpo import GrpoSettings
 from app.runs.rewards import FunctionReward, JudgeEndpoint, RewardSpec, RulerReward
@@ -32,7 +33,12 @@ class InputItem(RequestModel):
         description="Task context, e.g. {'answer': '42'} for exact-match rewards (nested at "
         f"most {MAX_JSON_DEPTH} levels).",
     )
-    split: str = Field(default="train", pattern=r"^(train|validation)$")
+    # An enum in the document; checked by its pattern (what a bad JSONL line's 422 says).
+    split: str = Field(
+        default="train",
+        pattern=r"^(train|validation)$",
+        json_schema_extra={"enum": ["train", "validation"]},
+    )
 
 
 class RunCreate(RequestModel):
@@ -160,7 +166,8 @@ class RunCreate(RequestModel):
 class TrainingMetrics(BaseModel):
     """Summary of a run's progress (the reference's TrainingMetrics), extended freely."""
 
-    model_config = ConfigDict(extra="allow")
+    # Served with every field: documented so (in `required`).
+    model_config = ConfigDict(extra="allow", json_schema_serialization_defaults_required=True)
 
     total_trajectories: int = 0
     avg_reward: float | None = None
@@ -187,14 +194,16 @@ class RunPublic(BaseModel):
     max_steps: int | None
     system_prompt: str | None
     learning_key: str | None
-    reward: dict[str, Any]
-    grpo: dict[str, Any]
-    config: dict[str, Any]
-    generator: dict[str, Any] | None
-    environment: dict[str, Any] | None = Field(
+    # Served as stored: a request model wrote each (model_dump, every field), so each is
+    # documented as that model's answer-side schema, and not validated again.
+    reward: Annotated[dict[str, Any], DocumentedAs(RewardSpec)]
+    grpo: Annotated[dict[str, Any], DocumentedAs(GrpoSettings)]
+    config: StoredObject
+    generator: Annotated[dict[str, Any], DocumentedAs(JudgeEndpoint)] | None
+    environment: Annotated[dict[str, Any], DocumentedAs(EnvironmentSpec)] | None = Field(
         description="The run's environment as validated (defaults filled in); null: no tools."
     )
-    sft: dict[str, Any] | None = Field(
+    sft: Annotated[dict[str, Any], DocumentedAs(SftSettings)] | None = Field(
         description="The supervised warm-up as validated; null: none."
     )
     dataset_id: uuid.UUID | None

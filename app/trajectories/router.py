@@ -257,8 +257,21 @@ async def count_trajectories(request: Request, filters: TrajectoryQuery) -> Traj
     response_class=StreamingResponse,
     responses={
         200: {
-            "content": {"application/x-ndjson": {}},
-            "description": "One trajectory per line, as `GET /trajectories/{id}` shows it.",
+            "content": {
+                "application/x-ndjson": {
+                    # JSON Lines: text whose every line is one TrajectoryPublic (x-line-schema).
+                    "schema": {"type": "string", "contentMediaType": "application/x-ndjson"},
+                    "x-line-schema": {"$ref": "#/components/schemas/TrajectoryPublic"},
+                }
+            },
+            "description": "One trajectory per line, as `GET /trajectories/{id}` shows it "
+            "(a TrajectoryPublic of JSON per line: `x-line-schema`).",
+            "headers": {
+                "Content-Disposition": {
+                    "description": '`attachment; filename="trajectories.jsonl"`',
+                    "schema": {"type": "string"},
+                }
+            },
         },
         **problem_responses(401, 422),
     },

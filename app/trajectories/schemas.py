@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from app.core.pagination import Page
+from app.core.storable import StoredObject
 from app.trajectories.messages import ServedMessages
 
 
@@ -29,8 +29,8 @@ class TrajectoryPublic(BaseModel):
     task_input_id: uuid.UUID | None
     messages: ServedMessages
     reward: float | None
-    reward_breakdown: dict[str, Any] | None
-    metadata: dict[str, Any] | None = Field(validation_alias=AliasChoices("meta", "metadata"))
+    reward_breakdown: StoredObject | None
+    metadata: StoredObject | None = Field(validation_alias=AliasChoices("meta", "metadata"))
     created_at: datetime
 
 

@@ -218,24 +218,34 @@ async def test_many_env_vars_are_refused(client: httpx.AsyncClient, tenant: Tena
     assert r.json()["errors"][0]["field"] == f"{MCP}.env"
 
 
+def _cases(schema: dict[str, Any], key: str) -> dict[Any, dict[str, Any]]:
+    """A model's checks by case (if/then/else on ``key``): {value: its check, None: the rest}."""
+    cases: dict[Any, dict[str, Any]] = {}
+    while "if" in schema:
+        cases[schema["if"]["properties"][key]["const"]] = schema["then"]
+        schema = schema["else"]
+    cases[None] = schema
+    return cases
+
+
 async def test_the_document_lists_the_builtins(client: httpx.AsyncClient) -> None:
     schemas = (await client.get("/openapi.json")).json()["components"]["schemas"]
-    tool = schemas["ToolsEnvironment"]["properties"]["tools"]["items"]
-    factory = schemas["PythonEnvironment"]["properties"]["factory"]
+    tool = schemas["ToolsEnvironment-Input"]["properties"]["tools"]["items"]
+    factory = schemas["PythonEnvironment-Input"]["properties"]["factory"]
     for name, builtin in BUILTIN_TOOLS.items():
         assert name in tool["pattern"] and builtin.summary in tool["description"]
     for name, env in BUILTIN_ENVIRONMENTS.items():
         assert name in factory["pattern"] and env.summary in factory["description"]
-    turns = schemas["ToolsEnvironment"]["properties"]["max_turns"]
+    turns = schemas["ToolsEnvironment-Input"]["properties"]["max_turns"]
     assert "max_tool_calling_iterations" in turns["description"]
     assert schemas["RunPublic"]["properties"]["environment"]["anyOf"][1] == {"type": "null"}
     # What the validators refuse, the document says: each built-in's args, every env key.
-    branches = schemas["PythonEnvironment"]["anyOf"]
-    args = {b["properties"]["factory"].get("const"): b["properties"].get("args") for b in branches}
+    cases = _cases(schemas["PythonEnvironment-Input"], "factory")
+    args = {value: case["properties"].get("args") for value, case in cases.items()}
     assert (
         args["lookup"]["additionalProperties"] is False and "store" in args["lookup"]["properties"]
     )
     assert args["calculator"]["properties"] == {}
-    env = schemas["McpEnvironment"]["properties"]["env"]
+    env = schemas["McpEnvironment-Input"]["properties"]["env"]
     assert env["propertyNames"]["pattern"] == "^[A-Za-z_][A-Za-z0-9_]*$"
     assert "patternProperties" not in env
