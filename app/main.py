@@ -22,6 +22,7 @@ from app.core.services import database_url, redis_url
 from app.core.settings import Settings, get_settings
 from app.datasets.router import router as datasets_router
 from app.datasets.upload import MULTIPART_ENVELOPE_BYTES
+from app.events.fanout import EventHub
 from app.events.router import router as events_router
 from app.health import broker_client
 from app.health import router as health_router
@@ -53,6 +54,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             engine.execution_options(isolation_level="AUTOCOMMIT")
         )
         app.state.key_cache = KeyCache()
+        app.state.event_hub = EventHub(
+            url,
+            app.state.pg,
+            buffer=settings.sse_buffer_events,
+            keepalive_seconds=settings.sse_keepalive_seconds,
+            gather_seconds=settings.sse_gather_seconds,
+        )
+        app.state.event_hub.start()
         broker = redis_url(settings)
         app.state.redis = broker_client(broker)  # for /readyz
         app.state.rate_limiter = (
@@ -81,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 metrics_server.shutdown()
                 metrics_server.server_close()
             prometheus.process_exited()  # its in-flight gauge no longer counts
+            await app.state.event_hub.close()
             if app.state.rate_limiter is not None:
                 await app.state.rate_limiter.aclose()
             await app.state.redis.aclose()

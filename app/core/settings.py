@@ -91,8 +91,18 @@ class Settings(BaseSettings):
         default="workers.pipeline:run_pipeline",
         description="The coroutine function (module:name) a worker runs for each claimed run.",
     )
-    sse_poll_seconds: float = Field(
-        default=0.5, gt=0, description="How often an SSE stream looks for new events."
+    sse_gather_seconds: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="A live stream's events are gathered this long after a commit notifies "
+        "them, then read once and sent to every stream of the run in one write each.",
+    )
+    sse_buffer_events: int = Field(
+        default=2000,
+        gt=0,
+        description="Events an SSE stream may fall behind its run before it is closed with a "
+        "retry hint (its client resumes from Last-Event-ID); a slow client never slows others.",
     )
     sse_keepalive_seconds: float = Field(
         default=15.0,

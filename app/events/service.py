@@ -8,19 +8,19 @@ so two transactions writing events of one run are serialised, ids and commits al
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import insert, select
+from sqlalchemy import insert
 from sqlalchemy.ext.asyncio import AsyncSession
-from sqlmodel import col
 
 from app.core.sql import json_object
 from app.events.models import RunEvent
 from app.events.schemas import RunEventPublic
-from app.runs.models import Run
+from app.runs.status import TERMINAL, RunStatus
 
 
 async def append(
@@ -40,32 +40,6 @@ async def append(
     )
 
 
-async def list_after(
-    session: AsyncSession, run_id: uuid.UUID, *, after_id: int, limit: int
-) -> list[RunEvent]:
-    """Events of one run with id > ``after_id``, oldest first (up to ``limit`` rows)."""
-    return list(
-        (
-            await session.execute(
-                select(RunEvent)
-                .where(col(RunEvent.run_id) == run_id, col(RunEvent.id) > after_id)
-                .order_by(col(RunEvent.id))
-                .limit(limit)
-            )
-        ).scalars()
-    )
-
-
-async def stream_batch(
-    session: AsyncSession, run_id: uuid.UUID, *, after_id: int, limit: int
-) -> tuple[str | None, list[RunEvent]]:
-    """The run's status (None once it is gone), then its events after ``after_id``: in that
-    order, so a terminal status read here means its event (written in the same transaction)
-    is in the batch or an earlier one, and a stream can end on it."""
-    status = await session.scalar(select(col(Run.status)).where(col(Run.id) == run_id))
-    return status, await list_after(session, run_id, after_id=after_id, limit=limit)
-
-
 @dataclass(frozen=True, slots=True)
 class RenderedEvents:
     """One page of a run's events as PostgreSQL rendered it."""
@@ -73,6 +47,7 @@ class RenderedEvents:
     data: str  # the events, a JSON array as RunEventPublic shows them
     has_more: bool
     last_id: int | None  # the last event served: the next page's position
+    latest: int  # the run's last event id (0 before its first), from the same snapshot
 
 
 async def page(
@@ -84,13 +59,17 @@ async def page(
         row = await conn.fetchrow(_PAGE, run_id, project_id, after_id, limit)
     if not row["visible"]:
         return None
-    return RenderedEvents(row["data"], row["fetched"] > limit, row["last_id"])
+    return RenderedEvents(row["data"], row["fetched"] > limit, row["last_id"], row["latest"])
 
 
-# A page of events as the API shows them, rendered by PostgreSQL: no ORM and no Python
-# object per event (docs/benchmarks.md, pollers). The object is RunEventPublic's fields;
-# `data` is the one column wider than its field (jsonb, the field an object).
-_EVENT = json_object(
+# An event as the API shows it, rendered by PostgreSQL: no ORM and no Python object per
+# event (docs/benchmarks.md, pollers). The object is RunEventPublic's fields; `data` is the
+# one column wider than its field (jsonb, the field an object).
+# The run's ($1) last event id, 0 before its first: what the hub's ETags are made of
+# (app/events/conditional.py). An index-only read of ix_run_events_run_id's last entry.
+LATEST_EVENT = "coalesce((SELECT max(id) FROM run_events WHERE run_id = $1), 0)"
+
+EVENT_JSON = json_object(
     RunEventPublic,
     {"data": "CASE jsonb_typeof(data) WHEN 'object' THEN data ELSE '{}'::jsonb END"},
 )
@@ -107,7 +86,60 @@ WITH run AS (
     SELECT * FROM page ORDER BY id LIMIT $4
 )
 SELECT EXISTS (SELECT 1 FROM run) AS visible,
+       {LATEST_EVENT} AS latest,
        (SELECT count(*) FROM page) AS fetched,
        (SELECT max(id) FROM kept) AS last_id,
-       (SELECT coalesce(json_agg({_EVENT} ORDER BY id), '[]'::json)::text FROM kept) AS data
+       (SELECT coalesce(json_agg({EVENT_JSON} ORDER BY id), '[]'::json)::text FROM kept) AS data
 """
+
+
+# Events read per statement by a stream (its catch-up, and the hub for all its subscribers).
+STREAM_BATCH = 500
+
+# The run's status and its events after a position, in one snapshot: a run that is gone is
+# no row; a run with nothing new is one row of NULL events.
+_STREAM = f"""
+WITH run AS (SELECT status FROM runs WHERE id = $1)
+SELECT run.status, e.id, e.type, e.payload
+  FROM run LEFT JOIN LATERAL (
+       SELECT id, type, {EVENT_JSON}::text AS payload
+         FROM run_events
+        WHERE run_id = $1 AND id > $2
+        ORDER BY id
+        LIMIT $3
+  ) AS e ON true
+ ORDER BY e.id
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class StreamBatch:
+    """Events of one run after a position, each rendered as one Server-Sent Event, and the
+    run's status read in the same snapshot: a terminal status comes with the event that
+    recorded it, so a stream can end on it."""
+
+    events: list[tuple[int, str]]  # (event id, the whole SSE message)
+    status: str | None  # None once the run is gone
+
+    @property
+    def last(self) -> bool:
+        """Nothing can follow: the run ended (or is gone) and the read was not cut short."""
+        ended = self.status is None or RunStatus(self.status) in TERMINAL
+        return ended and len(self.events) < STREAM_BATCH
+
+    def end(self) -> str:
+        """The stream's last message: `end` with the run's final status."""
+        return f"event: end\ndata: {json.dumps({'status': self.status})}\n\n"
+
+
+async def stream_read(pool: asyncpg.Pool, run_id: uuid.UUID, after_id: int) -> StreamBatch:
+    """Up to STREAM_BATCH events of the run with id > ``after_id``, rendered for SSE."""
+    rows = await pool.fetch(_STREAM, run_id, after_id, STREAM_BATCH)
+    if not rows:
+        return StreamBatch([], None)
+    events = [
+        (row["id"], f"id: {row['id']}\nevent: {row['type']}\ndata: {row['payload']}\n\n")
+        for row in rows
+        if row["id"] is not None
+    ]
+    return StreamBatch(events, rows[0]["status"])

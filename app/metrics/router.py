@@ -11,6 +11,8 @@ from app.core.domain import NotFound
 from app.core.errors import problem_responses
 from app.core.pagination import check_range
 from app.core.storable import NO_NUL
+from app.events import conditional
+from app.events.conditional import NOT_MODIFIED, IfNoneMatch
 from app.metrics import service
 from app.metrics.models import RunMetrics
 
@@ -25,7 +27,7 @@ MAX_NAMES = 20
     "",
     operation_id="get_run_metrics",
     response_model=RunMetrics,
-    responses=problem_responses(401, 404, 422),
+    responses={**NOT_MODIFIED, **problem_responses(401, 404, 422)},
 )
 async def get_run_metrics(
     request: Request,
@@ -37,18 +39,27 @@ async def get_run_metrics(
     ] = None,
     step_min: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
     step_max: Annotated[int | None, Query(ge=0, le=INT32_MAX)] = None,
+    if_none_match: IfNoneMatch = None,
 ) -> Response:
     """Per-step metric series of the run (reward mean/std, loss, kl …), by step. Pollers
-    should ask for the steps they have not seen (``step_min``)."""
+    should ask for the steps they have not seen (``step_min``), or send the last answer's
+    `ETag` as `If-None-Match`: a 304 while the run has no new event."""
     check_range("step_min", step_min, "step_max", step_max)
-    body = await service.run_metrics(
-        request.app.state.pg,
+    answered = await conditional.answer(
+        request,
         caller.project_id,
         run_id,
-        names=name,
-        step_min=step_min,
-        step_max=step_max,
+        if_none_match,
+        lambda: service.run_metrics(
+            request.app.state.pg,
+            caller.project_id,
+            run_id,
+            names=name,
+            step_min=step_min,
+            step_max=step_max,
+        ),
+        lambda found: Response(found.body, media_type="application/json"),
     )
-    if body is None:
+    if answered is None:
         raise NotFound("Run")
-    return Response(body, media_type="application/json")
+    return answered

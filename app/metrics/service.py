@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import asyncpg
 from sqlalchemy import text
@@ -10,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.sql import Where, json_object
 from app.core.storable import storable_number
+from app.events.service import LATEST_EVENT
 from app.metrics.models import MetricSeries, Point, RunMetrics
 
 MAX_POINTS = 100_000  # one answer's points, all series together
@@ -38,12 +40,21 @@ async def record(
 ) -> None:
     """Store one value per metric name at ``step`` (a redone step overwrites). One
     statement, the values as one JSON parameter (evaluations; a training step's metrics go
-    with its status move, ``app.runs.step_moves.step_finished``)."""
+    with its status move, ``app.runs.step_moves.step_finished``).
+
+    Every write of a run's metric points appends a run event in the same transaction: the
+    run's last event id is the ETag of its metrics too (app/events/conditional.py)."""
     finite = storable_values(values)
     if finite:
         await session.execute(
             _RECORD, {"run_id": run_id, "step": step, "values": json.dumps(finite)}
         )
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedMetrics:
+    body: str  # RunMetrics as JSON
+    latest: int  # the run's last event id, from the same snapshot (its ETag)
 
 
 async def run_metrics(
@@ -54,7 +65,7 @@ async def run_metrics(
     names: Sequence[str] | None = None,
     step_min: int | None = None,
     step_max: int | None = None,
-) -> str | None:
+) -> RenderedMetrics | None:
     """The run's metric series by name, each by step: ``RunMetrics`` as JSON, at most
     :data:`MAX_POINTS` points; None when the project has no such run. One statement: every
     client of a live run polls this."""
@@ -67,7 +78,7 @@ async def run_metrics(
         w.add(f"m.step <= {w.param(step_max)}")
     async with pool.acquire() as conn:
         row = await conn.fetchrow(_RUN_METRICS.format(filters=w.sql()), *w.params)
-    return row["body"] if row["visible"] else None
+    return RenderedMetrics(row["body"], row["latest"]) if row["visible"] else None
 
 
 # RunMetrics as the API shows it, rendered by PostgreSQL: every client of a live run polls
@@ -95,5 +106,5 @@ WITH run AS (
 ), series AS (
     SELECT name, json_agg({_POINT} ORDER BY step) AS points FROM points GROUP BY name
 )
-SELECT EXISTS (SELECT 1 FROM run) AS visible, {_BODY}::text AS body
+SELECT EXISTS (SELECT 1 FROM run) AS visible, {LATEST_EVENT} AS latest, {_BODY}::text AS body
 """

@@ -1,0 +1,322 @@
+"""Live run events for every stream of one API process from one LISTEN.
+
+A statement that appends run events notifies ``trainyard_run_events`` (migration 0010) with
+the run and its first new id, after commit. The process listens on one connection of its
+own; for a run that has subscribers it reads the new events once, renders each Server-Sent
+Event once, and hands the same strings to every subscriber. An idle stream costs nothing: no
+query runs until something happens to its run.
+
+Exactly once and in order, per subscriber:
+
+- A subscriber registers first, then reads the log from its own position ("catch-up") until
+  it is level, then takes what the hub hands it, skipping ids it has already sent. Per run,
+  ids commit in order (app/events/service.py), and notifications arrive in commit order, so
+  the first notification the hub handles after a registration names an id no later than any
+  event the catch-up could not see: the hub starts there (``cursor``) and misses nothing.
+- The listening connection can drop (PostgreSQL restarts). Notifications sent meanwhile are
+  lost, so on reconnecting the hub reads every subscribed run again from the earliest
+  position any of its subscribers holds; subscribers skip what they already sent.
+- A subscriber that cannot keep up (its client reads slowly) is never waited for: once its
+  buffer holds more than ``buffer`` events it is closed with a retry hint, and its client
+  resumes from its last id (``Last-Event-ID``), reading the log.
+
+A stream ends after its run's last event: the events and the run's status are read in one
+statement (one snapshot), so a terminal status comes with the event that recorded it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from app.core.pg import connect_kwargs
+from app.events.service import STREAM_BATCH, StreamBatch, stream_read
+
+log = logging.getLogger(__name__)
+
+#: What migration 0010's trigger notifies: ``<run id>:<first new event id>:<last new id>``.
+CHANNEL = "trainyard_run_events"
+
+KEEP_ALIVE = ": keep-alive\n\n"
+# The last message to a subscriber that fell behind: its client reconnects after a second
+# with Last-Event-ID and reads the rest from the log.
+TOO_FAR_BEHIND = "retry: 1000\n: too far behind; reconnect to resume\n\n"
+
+
+@dataclass(eq=False, slots=True)
+class Subscriber:
+    """One stream's place in the hub: what it has sent and what waits to be sent."""
+
+    position: int  # the last event id sent (or the position it started after)
+    buffer: int
+    pending: deque[tuple[int, str]] = field(default_factory=deque)
+    ended: str | None = None  # the `end` message, once the hub saw the run's last event
+    dropped: bool = False  # fell more than `buffer` events behind
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def offer(self, batch: StreamBatch) -> None:
+        if self.dropped:
+            return
+        self.pending.extend(batch.events)
+        if len(self.pending) > self.buffer:
+            self.dropped = True
+            self.pending.clear()
+        elif batch.last:
+            self.ended = batch.end()
+        self.wake.set()
+
+
+@dataclass(slots=True)
+class _Known:
+    """What the hub knows of a run while it listens: its last event id, and its project once
+    a read through the database told it (its ETags need no query: conditional.py)."""
+
+    latest: int
+    project_id: uuid.UUID | None = None
+
+
+# Runs whose last event id the hub keeps, the least recently notified or read forgotten first.
+KNOWN_RUNS = 100_000
+
+
+@dataclass(eq=False, slots=True)
+class _Run:
+    subscribers: set[Subscriber] = field(default_factory=set)
+    cursor: int | None = None  # the hub has handed out every event up to here
+    reading: asyncio.Task[None] | None = None
+    again: bool = False  # notified while reading: read once more
+
+
+class EventHub:
+    """The process's one LISTEN, and the subscribers of each run it serves."""
+
+    def __init__(
+        self,
+        url: str,
+        pool: asyncpg.Pool,
+        *,
+        buffer: int,
+        keepalive_seconds: float,
+        gather_seconds: float = 0.0,
+    ) -> None:
+        self._url = url
+        self._pool = pool
+        self._buffer = buffer
+        self._keepalive = keepalive_seconds
+        self._gather = gather_seconds
+        self._runs: dict[uuid.UUID, _Run] = {}
+        self._known: OrderedDict[uuid.UUID, _Known] = OrderedDict()
+        self._epoch = 0  # bumped on every (re)connect: what was known before may be stale
+        self._listening = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._listen_forever(), name="event-hub")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        for state in self._runs.values():
+            if state.reading is not None:
+                state.reading.cancel()
+
+    async def listening(self) -> None:
+        """Returns once the hub listens (at once, unless its connection is being remade)."""
+        await self._listening.wait()
+
+    async def _listen_forever(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                await self._listen_once()
+                delay = 0.2  # it listened, then lost the connection: reconnect at once
+            except (OSError, asyncpg.PostgresError) as exc:
+                log.warning("event hub cannot listen (%s); retrying in %.1fs", exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _listen_once(self) -> None:
+        """LISTEN until the connection is lost."""
+        lost = asyncio.Event()
+        conn = await asyncpg.connect(
+            **connect_kwargs(self._url), server_settings={"application_name": "trainyard-hub"}
+        )
+        try:
+            conn.add_termination_listener(lambda _conn: lost.set())
+            await conn.add_listener(CHANNEL, self._notified)
+            self._known.clear()
+            self._epoch += 1
+            self._listening.set()
+            self._resync()  # whatever was notified while nobody listened
+            await lost.wait()
+            log.warning("event hub lost its connection; reconnecting")
+        finally:
+            self._listening.clear()
+            self._known.clear()
+            with contextlib.suppress(Exception):
+                await conn.close(timeout=1)
+
+    # -- subscribing -------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, run_id: uuid.UUID, after_id: int) -> AsyncIterator[Subscription]:
+        subscriber = Subscriber(position=after_id, buffer=self._buffer)
+        state = self._runs.setdefault(run_id, _Run())
+        state.subscribers.add(subscriber)
+        try:
+            yield Subscription(self, run_id, subscriber)
+        finally:
+            state.subscribers.discard(subscriber)
+            if not state.subscribers and self._runs.get(run_id) is state:
+                del self._runs[run_id]
+                if state.reading is not None:
+                    state.reading.cancel()
+
+    # -- fan-out -----------------------------------------------------------------------
+
+    # -- the last event id of each run, for ETags -----------------------------------------
+
+    def epoch(self) -> int | None:
+        """Changes whenever notifications may have been missed; None while not listening."""
+        return self._epoch if self._listening.is_set() else None
+
+    def latest(self, run_id: uuid.UUID, project_id: uuid.UUID) -> int | None:
+        """The run's last event id if the hub knows it for this project, else None."""
+        known = self._known.get(run_id)
+        if known is None or known.project_id != project_id or not self._listening.is_set():
+            return None
+        return known.latest
+
+    def read_through(
+        self, run_id: uuid.UUID, project_id: uuid.UUID, latest: int, epoch: int | None
+    ) -> None:
+        """Remember what a read of the database (which began at ``epoch``) saw: the run is
+        the project's, its last event id was ``latest`` or is one notified since."""
+        if epoch is None or epoch != self.epoch():
+            return  # notifications may have been missed since the read began
+        known = self._known.get(run_id)
+        if known is None:
+            self._remember(run_id, _Known(latest, project_id))
+        else:
+            known.latest = max(known.latest, latest)
+            known.project_id = project_id
+
+    def _remember(self, run_id: uuid.UUID, known: _Known) -> None:
+        self._known[run_id] = known
+        self._known.move_to_end(run_id)
+        if len(self._known) > KNOWN_RUNS:
+            self._known.popitem(last=False)
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            run, first, last = payload.split(":")
+            run_id, first_id, last_id = uuid.UUID(run), int(first), int(last)
+        except ValueError:
+            log.warning("event hub ignores a malformed notification %r", payload)
+            return
+        known = self._known.get(run_id)
+        if known is None:
+            self._remember(run_id, _Known(last_id))
+        else:
+            known.latest = max(known.latest, last_id)
+            self._known.move_to_end(run_id)
+        state = self._runs.get(run_id)
+        if state is None:
+            return
+        if state.cursor is None:
+            state.cursor = first_id - 1
+        self._read_soon(run_id, state)
+
+    def _resync(self) -> None:
+        for run_id, state in self._runs.items():
+            if state.subscribers:
+                earliest = min(s.position for s in state.subscribers)
+                state.cursor = earliest if state.cursor is None else min(state.cursor, earliest)
+                self._read_soon(run_id, state)
+
+    def _read_soon(self, run_id: uuid.UUID, state: _Run) -> None:
+        if state.reading is not None and not state.reading.done():
+            state.again = True
+            return
+        state.reading = asyncio.create_task(self._read(run_id, state))
+
+    async def _read(self, run_id: uuid.UUID, state: _Run) -> None:
+        if self._gather:
+            # A step commits a few transactions in quick succession: one read (and one write
+            # to each subscriber) for all of them, instead of one each.
+            await asyncio.sleep(self._gather)
+        while True:
+            state.again = False
+            assert state.cursor is not None
+            try:
+                batch = await stream_read(self._pool, run_id, state.cursor)
+            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+                # The cursor stays: the next try (or the listener's resync) reads from it.
+                log.warning("event hub cannot read run %s (%s); retrying", run_id, exc)
+                await asyncio.sleep(1.0)
+                state.again = True
+                continue
+            if batch.events:
+                state.cursor = batch.events[-1][0]
+            for subscriber in state.subscribers:
+                subscriber.offer(batch)
+            if not (state.again or len(batch.events) == STREAM_BATCH):
+                return
+
+
+class Subscription:
+    """One stream: its catch-up from the log, then what the hub hands it."""
+
+    def __init__(self, hub: EventHub, run_id: uuid.UUID, subscriber: Subscriber) -> None:
+        self._hub = hub
+        self._run_id = run_id
+        self._me = subscriber
+
+    async def messages(self) -> AsyncIterator[str]:
+        """Each event once, in order, then `end`; keep-alives while idle. Returns early
+        (after a retry hint) when it fell too far behind."""
+        me = self._me
+        while True:  # catch-up: read the log until level with it
+            batch = await stream_read(self._hub._pool, self._run_id, me.position)
+            if batch.events:
+                me.position = batch.events[-1][0]
+                yield "".join(message for _, message in batch.events)
+            if batch.last:
+                yield batch.end()
+                return
+            if len(batch.events) < STREAM_BATCH:
+                break
+        while True:
+            if not me.pending and me.ended is None and not me.dropped:
+                me.wake.clear()
+                try:
+                    await asyncio.wait_for(me.wake.wait(), self._hub._keepalive)
+                except TimeoutError:
+                    yield KEEP_ALIVE
+                    continue
+            fresh = []  # one write for everything that came at once
+            while me.pending:
+                event_id, message = me.pending.popleft()
+                if event_id > me.position:
+                    me.position = event_id
+                    fresh.append(message)
+            if fresh:
+                yield "".join(fresh)
+            if me.dropped:
+                # Resume from the last id sent: the client reconnects with Last-Event-ID.
+                yield TOO_FAR_BEHIND
+                return
+            if me.ended is not None:
+                yield me.ended
+                return

@@ -1,0 +1,134 @@
+"""ETag / If-None-Match on a run's event pages and metric series (app/events/conditional.py):
+a 304 while nothing new, from what the hub knows and with no query; a fresh answer as soon as
+an event (or a metrics write, which always comes with one) commits."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import asyncpg
+from sqlalchemy import text
+
+from app.core.pg import connect_kwargs
+from app.events.fanout import EventHub
+from tests.support.events import append_events, hub_listening, new_run
+
+
+async def _get(client: Any, url: str, tenant: Any, tag: str | None = None, **params: Any) -> Any:
+    headers = dict(tenant.headers)
+    if tag is not None:
+        headers["If-None-Match"] = tag
+    return await client.get(url, params=params, headers=headers)
+
+
+async def test_event_pages_answer_304_until_an_event_commits(
+    api: Any, client: Any, tenant: Any, sessionmaker: Any
+) -> None:
+    await hub_listening(api.state.event_hub)
+    run_id = await new_run(client, tenant)
+    url = f"/runs/{run_id}/events"
+    first = await _get(client, url, tenant, limit=10)
+    assert first.status_code == 200
+    tag = first.headers["ETag"]
+    again = await _get(client, url, tenant, tag, limit=10)
+    assert again.status_code == 304 and again.content == b""
+    assert again.headers["ETag"] == tag
+    # Weak comparison, lists and `*`, as RFC 9110 says.
+    for sent in (f"W/{tag}", f'"other", {tag}', "*"):
+        assert (await _get(client, url, tenant, sent, limit=10)).status_code == 304
+    # Another URL of the same run has a tag of its own.
+    assert (await _get(client, url, tenant, tag, limit=11)).status_code == 200
+
+    (new_id,) = await append_events(sessionmaker, run_id, 1)
+    fresh = await _get(client, url, tenant, tag, limit=10)
+    assert fresh.status_code == 200
+    assert fresh.headers["ETag"] != tag
+    assert fresh.json()["data"][-1]["id"] == new_id
+    assert (await _get(client, url, tenant, fresh.headers["ETag"], limit=10)).status_code == 304
+
+
+async def test_metrics_answer_304_until_a_metrics_write(
+    api: Any, client: Any, tenant: Any, sessionmaker: Any
+) -> None:
+    await hub_listening(api.state.event_hub)
+    run_id = await new_run(client, tenant)
+    url = f"/runs/{run_id}/metrics"
+    first = await _get(client, url, tenant)
+    assert first.status_code == 200 and first.json()["series"] == []
+    tag = first.headers["ETag"]
+    assert (await _get(client, url, tenant, tag)).status_code == 304
+
+    # A metrics write, as every writer makes it: the points and an event, one transaction.
+    async with sessionmaker() as s, s.begin():
+        await s.execute(text("SELECT 1 FROM runs WHERE id = :id FOR UPDATE"), {"id": run_id})
+        await s.execute(
+            text(
+                "INSERT INTO metric_points (run_id, step, name, value)"
+                " VALUES (:id, 1, 'reward_mean', 0.5)"
+            ),
+            {"id": run_id},
+        )
+        await s.execute(
+            text(
+                "INSERT INTO run_events (run_id, type, level, message, data)"
+                " VALUES (:id, 'step', 'info', 'step 1', '{}')"
+            ),
+            {"id": run_id},
+        )
+    fresh = await _get(client, url, tenant, tag)
+    assert fresh.status_code == 200
+    assert fresh.json()["series"][0]["points"] == [{"step": 1, "value": 0.5}]
+
+
+async def test_a_304_costs_no_query(
+    api: Any, client: Any, tenant: Any, service_urls: tuple[str, str]
+) -> None:
+    await hub_listening(api.state.event_hub)
+    run_id = await new_run(client, tenant)
+    urls = [f"/runs/{run_id}/events", f"/runs/{run_id}/metrics"]
+    tags = [(await _get(client, url, tenant)).headers["ETag"] for url in urls]
+    observer = await asyncpg.connect(**connect_kwargs(service_urls[0]))
+    last_query = (
+        "SELECT max(query_start) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'trainyard-api'"
+    )
+    try:
+        before = await observer.fetchval(last_query)
+        for _ in range(20):
+            for url, tag in zip(urls, tags, strict=True):
+                assert (await _get(client, url, tenant, tag)).status_code == 304
+        assert await observer.fetchval(last_query) == before
+    finally:
+        await observer.close()
+
+
+async def test_another_projects_tag_is_still_a_404(
+    api: Any, client: Any, tenant: Any, make_tenant: Any
+) -> None:
+    await hub_listening(api.state.event_hub)
+    run_id = await new_run(client, tenant)
+    url = f"/runs/{run_id}/events"
+    tag = (await _get(client, url, tenant)).headers["ETag"]
+    stranger = await make_tenant()
+    assert (await _get(client, url, stranger, tag)).status_code == 404
+    assert (await _get(client, f"/runs/{uuid.uuid4()}/events", tenant, tag)).status_code == 404
+
+
+async def test_without_the_hub_the_database_answers(
+    api: Any, client: Any, tenant: Any, sessionmaker: Any, service_urls: tuple[str, str]
+) -> None:
+    """A hub that is not listening (its connection being remade) knows nothing: the tag is
+    checked against a read of the database, which still answers 304 when nothing changed."""
+    run_id = await new_run(client, tenant)
+    url = f"/runs/{run_id}/events"
+    tag = (await _get(client, url, tenant)).headers["ETag"]
+    deaf = EventHub(service_urls[0], api.state.pg, buffer=10, keepalive_seconds=15)
+    listening = api.state.event_hub
+    api.state.event_hub = deaf  # never started
+    try:
+        assert (await _get(client, url, tenant, tag)).status_code == 304
+        await append_events(sessionmaker, run_id, 1)
+        assert (await _get(client, url, tenant, tag)).status_code == 200
+    finally:
+        api.state.event_hub = listening
