@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -33,6 +35,16 @@ class StopRequested(Exception):
     def __init__(self, status: RunStatus) -> None:
         super().__init__(status.value)
         self.status = status
+
+
+class HandOver(Exception):
+    """This worker is shutting down (SIGTERM: a deploy): the run stopped at a step boundary,
+    after its checkpoint, and goes back to the queue for another worker at once."""
+
+
+# Set once, by the worker's warm shutdown (workers/tasks.py): every run this process drives
+# stops at its next step boundary and is handed over.
+SHUTTING_DOWN = threading.Event()
 
 
 class RunContext:
@@ -66,21 +78,54 @@ class RunContext:
             self._changed.set()
 
     async def heartbeat_forever(self) -> None:
+        renewed = time.monotonic()  # the claim renewed the lease just now
         while not self.lost:
             await asyncio.sleep(self.settings.heartbeat_seconds)
             try:
                 await self.heartbeat_once()
-            except Exception:  # database unreachable: keep trying until the lease runs out
+                renewed = time.monotonic()
+            except Exception as exc:  # database unreachable: retry until the lease runs out
                 prometheus.LEASE_RENEWALS_FAILED.labels("error").inc()
-                log.exception("run %s: heartbeat failed", self.run_id)
+                if time.monotonic() - renewed < self.settings.lease_ttl_seconds:
+                    log.warning("run %s: heartbeat failed (%s); retrying", self.run_id, exc)
+                    continue
+                # Another worker may hold the run by now: stop working on it, and writing.
+                log.error(
+                    "run %s: lease expired, not renewed for %.1fs (%s); stopping",
+                    self.run_id,
+                    time.monotonic() - renewed,
+                    exc,
+                )
+                self.lost = True
+                self._changed.set()
+
+    @property
+    def stops_at_step_end(self) -> bool:
+        """Paused, or handed over: stop at the next step boundary, after a checkpoint."""
+        return self.stop == RunStatus.PAUSED or SHUTTING_DOWN.is_set()
+
+    @property
+    def cancelled(self) -> bool:
+        """Nothing more to compute: cancelled, or the lease is gone (safe from any thread)."""
+        return self.lost or self.stop == RunStatus.CANCELLED
 
     def check(self, *, pause_ok: bool = True) -> None:
-        """Raise if the run must stop here: lease lost, cancelled, or (at a safe point)
-        paused. Call between units of work."""
+        """Raise if the run must stop here: lease lost, cancelled, or (at a safe point, a
+        step boundary) paused or handed over. Call between units of work."""
         if self.lost:
             raise LeaseLost(self.run_id)
-        if self.stop == RunStatus.CANCELLED or (self.stop == RunStatus.PAUSED and pause_ok):
+        if self.stop == RunStatus.CANCELLED:
             raise StopRequested(self.stop)
+        if pause_ok:
+            self.stop_at_step_end()
+
+    def stop_at_step_end(self) -> None:
+        """At a step boundary, its checkpoint recorded: raise the stop a pause or a shutdown
+        asked for. A pause wins: the user asked for it, and it holds on any worker."""
+        if self.stop == RunStatus.PAUSED:
+            raise StopRequested(self.stop)
+        if SHUTTING_DOWN.is_set():
+            raise HandOver(str(self.run_id))
 
     async def wait_for_stop(self, seconds: float) -> bool:
         """Sleep up to ``seconds``, waking early if a stop arrives."""

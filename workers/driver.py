@@ -16,11 +16,14 @@ import uuid
 from collections.abc import Awaitable, Callable
 from importlib import import_module
 
+from app.core.errors import database_unavailable
 from app.core.logs import log_context
+from app.events import service as events
 from app.runs import leases
+from app.runs.models import Run
 from app.runs.state import LeaseLost, TransitionConflict
 from app.runs.status import RunStatus
-from workers.context import RunContext, StopRequested
+from workers.context import HandOver, RunContext, StopRequested
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -66,10 +69,17 @@ async def _drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str
     except StopRequested as stop:
         await _settle(ctx, stop.status, message=f"{stop.status.value} at the user's request")
         return stop.status.value
+    except HandOver:
+        await _hand_over(runtime, ctx)
+        return "handed-over"
     except LeaseLost:
         log.warning("run %s: lease lost; another worker owns it now", run_id)
         return "lease-lost"
     except Exception as exc:
+        if database_unavailable(exc):
+            # Not the run's fault: it resumes (from its last checkpoint) on the next claim.
+            log.warning("run %s: database unreachable (%s); leaving it to resume", run_id, exc)
+            return "database-unavailable"
         log.exception("run %s failed", run_id)
         # A database error's own message, not the statement and its parameters.
         cause = getattr(exc, "orig", None) or exc
@@ -83,8 +93,30 @@ async def _drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str
         return "failed"
     finally:
         heartbeat.cancel()
-        async with runtime.session() as session:
-            await leases.release(session, run_id, fence)
+        try:
+            async with runtime.session() as session:
+                await leases.release(session, run_id, fence)
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            log.warning("run %s: cannot release its lease (%s); it runs out", run_id, exc)
+
+
+async def _hand_over(runtime: Runtime, ctx: RunContext) -> None:
+    """Back to the queue, due at once, with its checkpoint recorded; the lease is released
+    here (the ``finally`` of ``_drive`` then finds nothing to release)."""
+    async with runtime.session() as session:
+        if await leases.release(session, ctx.run_id, ctx.fence, due_now=True):
+            run = await session.get(Run, ctx.run_id)
+            step = run.step if run is not None else 0
+            await events.append(
+                session,
+                ctx.run_id,
+                "handover",
+                f"worker {ctx.fence.owner} is shutting down: handed over after step {step}",
+                data={"step": step, "worker": ctx.fence.owner},
+            )
+    log.info("run %s: handed over (this worker is shutting down)", ctx.run_id)
 
 
 async def _settle(ctx: RunContext, dst: RunStatus, **kwargs: object) -> None:

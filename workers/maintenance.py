@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.errors import database_unavailable
 from app.core.idempotency import purge_expired
 from app.observability import prometheus
 from app.runs.dispatch import DUE_CHANNEL, Dispatcher
@@ -43,6 +44,15 @@ def reconcile_once(runtime: Runtime) -> int:
 
     due = runtime.run(_sweep())
     return Dispatcher(get_celery()).publish(due) if due else 0
+
+
+def _failed(what: str, exc: Exception) -> None:
+    """A pass that failed: one line while the database is unreachable (every pass retries
+    it), the whole traceback for anything else."""
+    if database_unavailable(exc):
+        log.warning("%s: database unreachable (%s)", what, exc)
+    else:
+        log.error(what, exc_info=exc)
 
 
 class Maintenance:
@@ -83,26 +93,26 @@ class Maintenance:
         while not self._stop.is_set():
             try:
                 self.runtime.run(self._ensure_listening(), timeout=30)
-            except Exception:
-                log.exception("cannot LISTEN for due runs; sweeping on the timer only")
+            except Exception as exc:
+                _failed("cannot LISTEN for due runs; sweeping on the timer only", exc)
             self._wake.clear()
             try:
                 published = reconcile_once(self.runtime)
                 if published:
                     log.info("published %d due run(s)", published)
-            except Exception:
-                log.exception("reconciler sweep failed")
+            except Exception as exc:
+                _failed("reconciler sweep failed", exc)
             try:
                 # The webhook outbox: events committed since the last pass, and retries due.
                 self.runtime.run(deliver_due(self.runtime.sessionmaker, self.runtime.settings))
-            except Exception:
-                log.exception("webhook delivery pass failed")
+            except Exception as exc:
+                _failed("webhook delivery pass failed", exc)
             if self._exporting_metrics:
                 try:
                     self.runtime.run(self._refresh_run_gauges(), timeout=30)
                     prometheus.refresh_queue_depth(get_celery(), QUEUES)
-                except Exception:
-                    log.exception("metrics refresh failed")
+                except Exception as exc:
+                    _failed("metrics refresh failed", exc)
             self._wake.wait(interval)
 
     @property

@@ -5,10 +5,16 @@ from __future__ import annotations
 import logging
 import uuid
 
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+from celery.signals import (
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 from app.observability import prometheus
 from workers.celery_app import get_celery
+from workers.context import SHUTTING_DOWN
 from workers.driver import drive, load_pipeline
 from workers.maintenance import Maintenance, reconcile_once
 from workers.runtime import get_runtime
@@ -44,6 +50,16 @@ def _start_maintenance(**_: object) -> None:
     )
     _maintenance = Maintenance(runtime)
     _maintenance.start()
+
+
+@worker_shutting_down.connect
+def _hand_over_runs(how: str = "Warm", **_: object) -> None:
+    """A warm shutdown (SIGTERM, a deploy): the run this process drives stops at its next
+    step boundary, after its checkpoint, and goes to another worker at once, using no
+    attempt. Celery waits for the task to return before it exits. A cold shutdown
+    (a second signal, SIGQUIT) does not wait: the lease runs out, as for a crash."""
+    log.info("%s shutdown: handing running runs over at their next step boundary", how)
+    SHUTTING_DOWN.set()
 
 
 @worker_shutdown.connect

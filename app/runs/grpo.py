@@ -115,6 +115,14 @@ class GrpoSettings(RequestModel):
     )
     # Checkpoints and evaluation (metrics are stored for every step)
     save_steps: int = Field(default=500, ge=1, description="Write a checkpoint every N steps.")
+    max_dropped_steps: int = Field(
+        default=3,
+        ge=1,
+        le=10_000,
+        description="Fail the run after this many steps in a row whose every group was dropped "
+        "(its judge failed for the whole step, its environment was gone): it would train on "
+        "nothing.",
+    )
     save_total_limit: int | None = Field(
         default=3,
         ge=1,

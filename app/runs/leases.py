@@ -11,12 +11,14 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from sqlalchemy import case, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from app.events.models import RunEvent
+from app.runs.dispatch import mark_due
 from app.runs.models import Run
 from app.runs.state import Fence, LeaseLost, transition
 from app.runs.status import CLAIMABLE, TERMINAL, RunStatus
@@ -138,8 +140,15 @@ async def renew(
     return LeaseState(RunStatus(row.status), row.cancel_requested, row.pause_requested)
 
 
-async def release(session: AsyncSession, run_id: uuid.UUID, fence: Fence) -> bool:
-    """Give the run back (it stays in its status for the next worker); False if not ours."""
+async def release(
+    session: AsyncSession, run_id: uuid.UUID, fence: Fence, *, due_now: bool = False
+) -> bool:
+    """Give the run back (it stays in its status for the next worker); False if not ours.
+    ``due_now``: another worker should take it at once (this one is shutting down), not
+    after ``redispatch_seconds``; a clean hand-back, so no failure is counted."""
+    values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
+    if due_now:
+        values["dispatched_at"] = None
     result = await session.execute(
         update(Run)
         .where(
@@ -147,6 +156,9 @@ async def release(session: AsyncSession, run_id: uuid.UUID, fence: Fence) -> boo
             col(Run.lease_owner) == fence.owner,
             col(Run.attempt) == fence.attempt,
         )
-        .values(lease_owner=None, lease_expires_at=None)
+        .values(**values)
     )
-    return bool(getattr(result, "rowcount", 0))
+    released = bool(getattr(result, "rowcount", 0))
+    if released and due_now:
+        await mark_due(session, run_id)
+    return released

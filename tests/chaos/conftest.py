@@ -6,4 +6,5 @@ from __future__ import annotations
 
 from tests.support.broker import own_redis  # noqa: F401  (fixtures)
 from tests.support.database import api, own_database, sessionmaker  # noqa: F401  (fixtures)
+from tests.support.llm import llm, llm_server  # noqa: F401  (fixtures)
 from tests.support.workers import start_worker, tiny_model, worker_home  # noqa: F401  (fixtures)

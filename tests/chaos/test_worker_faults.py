@@ -202,3 +202,31 @@ async def test_visibility_timeout_shorter_than_the_task_is_refused_by_the_lease(
     assert f"run {run['id']}: not-claimed" in logs, logs[-4000:]
     rows = await trajectory_keys(sessionmaker, run["id"])
     assert rows == [(s, g, r) for s in range(4) for g in range(GROUPS) for r in range(ROLLOUTS)]
+
+
+async def test_cancel_lands_in_the_middle_of_a_long_generation(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home
+) -> None:
+    """64 rollouts of up to 4,000 tokens: a step's generation lasts many seconds on the CPU.
+    Cancelled as the second step's generation starts, the run stops within the generation
+    (a stopping criterion reads the flag the heartbeat sets), storing none of that step."""
+    worker = start_worker(**worker_home, TRAINYARD_LEASE_TTL_SECONDS="10")
+    body = letters_run(
+        tiny_model,
+        max_steps=50,
+        rollouts_per_group=16,
+        grpo={"groups_per_step": 4, "max_completion_length": 4000, "save_steps": 1000},
+    )
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    await wait_for(
+        sessionmaker,
+        run["id"],
+        lambda r: r.status == "collecting" and r.step >= 1,
+        within=300,
+        every=0.02,
+    )
+    assert (await client.post(f"/runs/{run['id']}/cancel", headers=tenant.headers)).is_success
+    done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "cancelled", within=120)
+    assert done.step == 1
+    await worker.wait_for_output("cancelled mid-generation; generation stops")
+    assert await trajectory_keys(sessionmaker, run["id"]) == letter_rows(1, groups=4, rollouts=16)

@@ -26,7 +26,7 @@ from app.observability import prometheus
 from app.runs import step_moves
 from app.runs.models import Run
 from app.runs.status import RunStatus
-from workers.context import RunContext, StopRequested
+from workers.context import RunContext
 from workers.pipeline.plan import InputBatch
 from workers.pipeline.training import RunPaths, StepBridge, StepStats
 
@@ -68,8 +68,8 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         self.bridge.stats = StepStats(started=time.monotonic())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        if self.ctx.stop == S.PAUSED and state.global_step < state.max_steps:
-            # Pause at this step boundary: checkpoint first, then stop in on_save.
+        if self.ctx.stops_at_step_end and state.global_step < state.max_steps:
+            # Pause (or hand over) at this step boundary: checkpoint first, stop in on_save.
             self.pausing = True
             control.should_save = True
 
@@ -207,8 +207,8 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         best = state.best_global_step if state.best_model_checkpoint else None
         self.bridge.writes.submit(lambda: self._record_checkpoint(step, target, best))
         if self.pausing:
-            self.bridge.writes.flush()  # the checkpoint is recorded before the run pauses
-            raise StopRequested(S.PAUSED)
+            self.bridge.writes.flush()  # the checkpoint is recorded before the run stops
+            self.ctx.stop_at_step_end()
 
     async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> None:
         async with self.ctx.session() as session:

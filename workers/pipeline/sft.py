@@ -27,11 +27,11 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from app.events import service as events
 from app.metrics import service as metrics
 from app.runs.models import Run
-from app.runs.status import RunStatus
 from app.training_data.library import get_training_trajectories_async
-from workers.context import RunContext, StopRequested
+from workers.context import RunContext
 
 log = logging.getLogger(__name__)
 
@@ -253,13 +253,13 @@ def _callback(ctx: RunContext) -> Any:
             ctx.check(pause_ok=False)
 
         def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if ctx.stop == RunStatus.PAUSED and state.global_step < state.max_steps:
+            if ctx.stops_at_step_end and state.global_step < state.max_steps:
                 self.pausing = True
                 control.should_save = True
 
         def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
             if self.pausing:
-                raise StopRequested(RunStatus.PAUSED)
+                ctx.stop_at_step_end()
 
         def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
             if not logs or "loss" not in logs:
@@ -276,5 +276,14 @@ def _callback(ctx: RunContext) -> Any:
 
 
 async def _record(ctx: RunContext, step: int, values: dict[str, float]) -> None:
-    async with ctx.session() as session:
+    """The warm-up's loss at ``step``, with the event every metrics write comes with."""
+    async with ctx.session() as session:  # the lease renewal locks the run's row
         await metrics.record(session, ctx.run_id, step, values)
+        loss = values.get("sft/loss")
+        await events.append(
+            session,
+            ctx.run_id,
+            "sft_step",
+            f"warm-up step {step}" + ("" if loss is None else f": loss {loss:.4f}"),
+            data={"step": step, **values},
+        )

@@ -27,12 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from app.runs import step_moves
+from app.runs.grpo import GrpoSettings
 from app.runs.models import Run
 from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
 from workers.environments import LoadedEnvironment
 from workers.pipeline import episodes
+from workers.pipeline.disk import raise_if_disk_full
 from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.pipeline.writes import WriteBehind
 from workers.rewards import Group, Rollout, Score, Scorer
@@ -208,6 +210,24 @@ class RunPaths:
         return self.root / "final" / safe
 
 
+class EveryGroupDropped(RuntimeError):
+    def __init__(self, steps: int, reason: str) -> None:
+        super().__init__(
+            f"every group of the last {steps} steps was dropped, so nothing was trained on "
+            f"(grpo.max_dropped_steps); the last reason: {reason}"
+        )
+
+
+def _drop_reason(score: Score) -> str:
+    """What a dropped rollout's breakdown says went wrong: its judge's or its episode's error."""
+    for value in score.breakdown.values():
+        if isinstance(value, dict) and value.get("error"):
+            return str(value["error"])
+        if isinstance(value, str) and value:
+            return value
+    return "no reward (the scorer gave none)"
+
+
 @dataclass
 class StepStats:
     rewards: list[float] = field(default_factory=list)
@@ -230,6 +250,9 @@ class StepBridge:
         self.trainer: Any = None
         self.stats = StepStats()
         self.writes = WriteBehind(ctx.runtime)
+        self.dropped_in_a_row = 0  # steps whose every group was dropped, up to this one
+        default = GrpoSettings.model_fields["max_dropped_steps"].default
+        self.max_dropped_steps = int(run.grpo.get("max_dropped_steps", default))
 
     def __call__(
         self,
@@ -242,6 +265,8 @@ class StepBridge:
         environments: list[Any] | None = None,
         **_: Any,
     ) -> list[float | None]:
+        # Cancelled while generating: the generation was cut short; store none of it.
+        self.ctx.check(pause_ok=False)
         episodes = self._episodes(completions, environments)
         if episodes is None:
             texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
@@ -322,8 +347,19 @@ class StepBridge:
             self.writes.submit(lambda: self._store_scored_rollouts(step, scored))
         else:
             self.writes.submit(lambda: self._store_rewards(step, rows))
+        self._count_dropped(scores)
         self.ctx.check(pause_ok=False)
         return rewards
+
+    def _count_dropped(self, scores: list[list[Score]]) -> None:
+        """Fail the run once every group of ``max_dropped_steps`` steps in a row was dropped,
+        with the reason the last step's first group gave."""
+        if self.stats.dropped_groups < len(scores):
+            self.dropped_in_a_row = 0
+            return
+        self.dropped_in_a_row += 1
+        if self.dropped_in_a_row >= self.max_dropped_steps:
+            raise EveryGroupDropped(self.dropped_in_a_row, _drop_reason(scores[0][0]))
 
     def _episodes(
         self, completions: list[Any], environments: list[Any] | None
@@ -525,6 +561,8 @@ def train(
         **agent,
     )
     bridge.trainer = trainer
+    if engine == "transformers":
+        stop_generating_when_cancelled(trainer.model, ctx)
     # Trainyard records every step itself; the console printers would only flood worker logs.
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -535,10 +573,12 @@ def train(
     ctx.runtime.run(_start_collecting(ctx))
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-    except BaseException:
+    except BaseException as exc:
         # Land what can land; the reason training stopped is what the driver must see.
         with contextlib.suppress(Exception):
             bridge.writes.flush()
+        if isinstance(exc, Exception):
+            raise_if_disk_full(paths.root, paths.staging, exc)
         raise
     bridge.writes.flush()
 
@@ -550,6 +590,36 @@ def train(
     os.rename(staging, final)
     shutil.rmtree(paths.staging, ignore_errors=True)
     return final
+
+
+def stop_generating_when_cancelled(model: Any, ctx: RunContext) -> None:
+    """End a generation in progress at the next token once the run is cancelled (or its
+    lease lost): a long generation would otherwise hold a cancel for as long as it lasts.
+    The heartbeat sets the flag; a stopping criterion handed to every ``generate`` call of
+    this model reads it. (vLLM generates a step's batch at once; a cancel waits for it.)"""
+    import torch
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    class Cancelled(StoppingCriteria):  # type: ignore[misc]
+        said = False
+
+        def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
+            stop = ctx.cancelled
+            if stop and not Cancelled.said:
+                Cancelled.said = True
+                log.info("run %s: cancelled mid-generation; generation stops", ctx.run_id)
+            return torch.full(
+                (input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device
+            )
+
+    generate = model.generate
+
+    def generate_until_cancelled(*args: Any, **kwargs: Any) -> Any:
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(Cancelled())
+        return generate(*args, stopping_criteria=criteria, **kwargs)
+
+    model.generate = generate_until_cancelled
 
 
 def agent_trainer_class() -> type:
