@@ -48,6 +48,18 @@ async def latest(session: AsyncSession, run_id: uuid.UUID) -> Checkpoint | None:
     ).scalar_one_or_none()
 
 
+async def at_step(session: AsyncSession, run_id: uuid.UUID, step: int) -> Checkpoint | None:
+    """The run's checkpoint at ``step``: the resumable one, else the final model."""
+    return (
+        await session.execute(
+            select(Checkpoint)
+            .where(col(Checkpoint.run_id) == run_id, col(Checkpoint.step) == step)
+            .order_by(col(Checkpoint.is_final))
+            .limit(1)
+        )
+    ).scalar_one_or_none()
+
+
 async def prune(
     session: AsyncSession, run_id: uuid.UUID, *, keep: int, protect: set[int] | None = None
 ) -> list[str]:

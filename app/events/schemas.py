@@ -29,6 +29,7 @@ RUN_EVENT_TYPES = (
     "eval",
     "checkpoint",
     "handover",
+    "fork",
 )
 RUN_EVENT_LEVELS = ("info", "warning", "error")
 

@@ -76,6 +76,13 @@ class Run(SQLModel, table=True):
         sa_column=Column(Uuid, ForeignKey("datasets.id", ondelete="SET NULL"), nullable=True),
     )
 
+    # The run whose checkpoint this one started from (POST /runs with from_checkpoint).
+    parent_run_id: uuid.UUID | None = Field(
+        default=None,
+        sa_column=Column(Uuid, ForeignKey("runs.id", ondelete="SET NULL"), nullable=True),
+    )
+    parent_step: int | None = None
+
     created_at: datetime | None = Field(default=None, sa_column=timestamp())
     updated_at: datetime | None = Field(default=None, sa_column=timestamp())
     started_at: datetime | None = Field(

@@ -18,7 +18,7 @@ from typing import Any
 
 import asyncpg
 
-from app.core.domain import InvalidInput, LimitReached
+from app.core.domain import Conflict, InvalidInput, LimitReached, NotFound
 from app.core.errors import UNKNOWN_REFERENCE
 from app.runs.dispatch import DUE_CHANNEL
 from app.runs.schemas import RunCreate, RunPublic
@@ -50,6 +50,8 @@ _NEW_RUN: dict[str, str | None] = {
     "environment": "NULL",
     "sft": "NULL",
     "dataset_id": "NULL",
+    "parent_run_id": "NULL",
+    "parent_step": "NULL",
     "step": "0",
     "epoch": "0",
     "version": "1",
@@ -94,8 +96,10 @@ _CREATE_VALUES = {
     "config": "$14",
     "environment": "$15",
     "sft": "$16",
+    "parent_run_id": "$17",
+    "parent_step": "$18",
 }
-_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$17", "generator": "$18"})
+_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$19", "generator": "$20"})
 _INSERT_FROM_DATASET = insert_run_sql(
     {**_CREATE_VALUES, "num_examples": "ds.num_train_rows", "dataset_id": "ds.id"},
     select_from="ds",
@@ -108,10 +112,10 @@ WITH run AS (
 ), inputs AS (
     INSERT INTO task_inputs (id, run_id, index, input_text, context, split)
     SELECT gen_random_uuid(), $1, i.index, i.input_text, i.context, i.split
-    FROM jsonb_to_recordset($19::jsonb) AS i(index int, input_text text, context jsonb, split text)
+    FROM jsonb_to_recordset($21::jsonb) AS i(index int, input_text text, context jsonb, split text)
 ), event AS (
     INSERT INTO run_events (run_id, type, level, message, data)
-    VALUES ($1, 'created', 'info', 'run created', $20::jsonb)
+    VALUES ($1, 'created', 'info', 'run created', $22::jsonb)
 )
 SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 """
@@ -120,7 +124,7 @@ SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 # one, makes ``ds`` empty, so nothing is inserted and no row comes back.
 _CREATE_FROM_DATASET = f"""
 WITH ds AS (
-    SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $17 AND project_id = $2
+    SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $19 AND project_id = $2
         AND num_train_rows > 0
 ), run AS (
     {_INSERT_FROM_DATASET}
@@ -182,6 +186,52 @@ class UnusableDataset(InvalidInput):
         )
 
 
+class CheckpointGone(Conflict):
+    code = "checkpoint-gone"
+    title = "No such checkpoint"
+
+    def __init__(self, run_id: uuid.UUID, step: int, steps: list[int]) -> None:
+        have = ", ".join(map(str, steps)) if steps else "none"
+        super().__init__(
+            f"Run {run_id} has no checkpoint at step {step} (pruned, or never written); its "
+            f"checkpoints: {have}."
+        )
+        self.steps = steps
+
+    def details(self) -> dict[str, Any]:
+        return {"field": "body.from_checkpoint.step", "checkpoint_steps": self.steps}
+
+
+# The parent run (this project's) and the steps of its checkpoints, resumable and final.
+_PARENT = """
+SELECT p.model_name,
+       coalesce(array_agg(DISTINCT c.step ORDER BY c.step)
+                FILTER (WHERE c.step IS NOT NULL), '{}') AS steps
+  FROM runs AS p LEFT JOIN checkpoints AS c ON c.run_id = p.id
+ WHERE p.id = $1 AND p.project_id = $2
+ GROUP BY p.id
+"""
+
+
+async def check_parent(conn: asyncpg.Connection, project_id: uuid.UUID, body: RunCreate) -> None:
+    """A fork's checkpoint must be this project's and exist: another project's run is a 404,
+    a missing step a 409 naming the steps there are, another base model a 422."""
+    parent = body.from_checkpoint
+    if parent is None:
+        return
+    row = await conn.fetchrow(_PARENT, parent.run_id, project_id)
+    if row is None:
+        raise NotFound("Run", f"Run {parent.run_id} (body.from_checkpoint.run_id) not found.")
+    if parent.step not in row["steps"]:
+        raise CheckpointGone(parent.run_id, parent.step, list(row["steps"]))
+    if row["model_name"] != body.model_name:
+        raise InvalidInput(
+            f"The checkpoint is of a run of {row['model_name']!r}: a fork trains that model, "
+            "so model_name must name it too.",
+            field="body.model_name",
+        )
+
+
 async def _check_active_runs(conn: asyncpg.Connection, project_id: uuid.UUID, limit: int) -> None:
     """Hold the project's create lock until the transaction ends; 429 if at the cap."""
     object_id = int.from_bytes(project_id.bytes[:4], "big", signed=True)
@@ -218,7 +268,7 @@ async def insert_run(
 
 
 def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tuple[Any, ...]:
-    """Parameters $1..$16 of both creates (:data:`_CREATE_VALUES`)."""
+    """Parameters $1..$18 of both creates (:data:`_CREATE_VALUES`)."""
     return (
         run_id,
         project_id,
@@ -236,12 +286,15 @@ def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tu
         body.config,
         body.environment.model_dump(mode="json") if body.environment else None,
         body.sft.model_dump(mode="json") if body.sft else None,
+        body.from_checkpoint.run_id if body.from_checkpoint else None,
+        body.from_checkpoint.step if body.from_checkpoint else None,
     )
 
 
 async def _insert_run(
     conn: asyncpg.Connection, project_id: uuid.UUID, body: RunCreate
 ) -> dict[str, Any]:
+    await check_parent(conn, project_id, body)
     run_id = uuid.uuid4()
     if body.dataset_id is not None:
         return await _insert_run_from_dataset(conn, project_id, run_id, body, body.dataset_id)

@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from app.core.columns import INT32_MAX
 from app.core.errors import inconsistent
 from app.core.limits import MAX_DATASET_ROWS, MAX_INPUT_CHARS, MAX_JSON_DEPTH
 from app.core.openapi import DocumentedAs
@@ -39,6 +40,13 @@ class InputItem(RequestModel):
         pattern=r"^(train|validation)$",
         json_schema_extra={"enum": ["train", "validation"]},
     )
+
+
+class FromCheckpoint(RequestModel):
+    """A checkpoint of another run of this project to start from."""
+
+    run_id: uuid.UUID
+    step: int = Field(ge=0, le=INT32_MAX, description="The checkpoint's step.")
 
 
 class RunCreate(RequestModel):
@@ -131,6 +139,12 @@ class RunCreate(RequestModel):
         default_factory=dict,
         description=f"Free-form extra settings (nested at most {MAX_JSON_DEPTH} levels).",
     )
+    from_checkpoint: FromCheckpoint | None = Field(
+        default=None,
+        description="Start from this checkpoint's weights (a full model, or a LoRA adapter "
+        "merged into its base) instead of model_name's; model_name must be the parent run's. "
+        "The new run's steps start at 0 with a fresh optimizer.",
+    )
 
     @field_validator("dataset_id")
     @classmethod
@@ -161,6 +175,17 @@ class RunCreate(RequestModel):
         if self.inputs is not None and not any(i.split == "train" for i in self.inputs):
             raise inconsistent("inputs must contain at least one item with split 'train'")
         return self
+
+    @field_validator("from_checkpoint")
+    @classmethod
+    def _fork_without_warm_up(cls, value: Any, info: ValidationInfo) -> Any:
+        # A field validator, so the problem names body.from_checkpoint (sft comes first).
+        if value is not None and info.data.get("sft") is not None:
+            raise inconsistent(
+                "a fork starts from its parent's trained weights; an SFT warm-up would start "
+                "from model_name's: give one or the other"
+            )
+        return value
 
 
 class TrainingMetrics(BaseModel):
@@ -207,6 +232,10 @@ class RunPublic(BaseModel):
         description="The supervised warm-up as validated; null: none."
     )
     dataset_id: uuid.UUID | None
+    parent_run_id: uuid.UUID | None = Field(
+        description="The run whose checkpoint this one started from; null: none (or deleted)."
+    )
+    parent_step: int | None = Field(description="That checkpoint's step.")
     metrics: TrainingMetrics | None
     error: str | None
     step: int

@@ -76,6 +76,20 @@ async def _stages(
 
     paths = RunPaths(ctx.settings.artifacts / str(run.id))
     start = None
+    if run.parent_step is not None:  # a fork: from its parent's checkpoint
+        from workers.pipeline.fork import parent_weights
+
+        start = str(await parent_weights(ctx, run, paths.root))
+        if run.step == 0:
+            await ctx.event(
+                "fork",
+                f"starts from run {run.parent_run_id}'s checkpoint at step {run.parent_step}",
+                data={
+                    "parent_run_id": str(run.parent_run_id),
+                    "step": run.parent_step,
+                    "model": start,
+                },
+            )
     if run.sft is not None:
         start = str(await _warm_up(ctx, run, paths.root, environment))
 
