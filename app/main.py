@@ -31,6 +31,8 @@ from app.metrics.router import router as metrics_router
 from app.observability import prometheus
 from app.runs.router import router as runs_router
 from app.trajectories.router import router as trajectories_router
+from app.ui.router import router as ui_router
+from app.ui.router import static_files as ui_static
 from app.webhooks.router import router as webhooks_router
 
 try:
@@ -105,6 +107,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     )
     install_error_handlers(app)
     app.include_router(health_router)
+    app.include_router(ui_router)  # the dashboard: no key to load it, none in /openapi.json
+    app.mount("/ui/static", ui_static, name="ui-static")
     # Every other route needs a key, and any keyed request may be rate-limited.
     for router in (
         runs_router,

@@ -95,6 +95,7 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
                 reward_min=min(stats.rewards),
                 reward_max=max(stats.rewards),
             )
+        values.update({n: statistics.fmean(v) for n, v in stats.components.items() if v})
         values.update(
             groups_dropped=float(stats.dropped_groups),
             step_seconds=seconds,

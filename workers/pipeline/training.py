@@ -18,10 +18,12 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import shutil
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -228,9 +230,35 @@ def _drop_reason(score: Score) -> str:
     return "no reward (the scorer gave none)"
 
 
+def reward_components(scores: Iterable[Score]) -> dict[str, list[float]]:
+    """Each reward part's values over the step's scored rollouts, by metric name:
+    ``reward/<function>``, ``reward/ruler``, ``reward/rim/<judge>`` (the judge's adjusted
+    score). Dropped rollouts (no reward) are left out, as they are of the reward itself."""
+    parts: dict[str, list[float]] = {}
+    for score in scores:
+        if score.reward is None:
+            continue
+        found: dict[str, Any] = {}
+        breakdown = score.breakdown
+        for name, value in (breakdown.get("functions") or {}).items():
+            found[f"reward/{name}"] = value
+        ruler = breakdown.get("ruler")
+        if isinstance(ruler, dict) and "score" in ruler:
+            found["reward/ruler"] = ruler["score"]
+        rim = breakdown.get("rim")
+        if isinstance(rim, dict):
+            for judge, value in (rim.get("adjusted") or {}).items():
+                found[f"reward/rim/{judge}"] = value
+        for name, value in found.items():
+            if isinstance(value, int | float) and math.isfinite(value):
+                parts.setdefault(name, []).append(float(value))
+    return parts
+
+
 @dataclass
 class StepStats:
     rewards: list[float] = field(default_factory=list)
+    components: dict[str, list[float]] = field(default_factory=dict)
     dropped_groups: int = 0
     completion_tokens: int = 0
     started: float = 0.0
@@ -335,6 +363,7 @@ class StepBridge:
             ]
         rewards = [s.reward for row in scores for s in row]
         self.stats.rewards = [r for r in rewards if r is not None]
+        self.stats.components = reward_components(s for row in scores for s in row)
         self.stats.dropped_groups = sum(1 for row in scores if all(s.reward is None for s in row))
         self.stats.completion_tokens = sum(len(ids) for ids in completion_ids)
         rows = [

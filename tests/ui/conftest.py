@@ -1,0 +1,243 @@
+"""The dashboard in real headless Chromium (Debian's ``chromium``, driven by Playwright for
+Python through ``executable_path``; no browser download), against a real API process
+(``trainyard api``) and real workers on the module's own database.
+
+``TRAINYARD_SCREENSHOTS=<dir>`` makes the tests save PNGs of what they looked at there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.support import ROOT
+from tests.support.cli import free_port
+from tests.support.database import (
+    OwnDatabase,
+    Tenant,
+    module_database,  # noqa: F401  (fixture)
+    new_tenant,
+    sessions_on,
+)
+from tests.support.llm import ScriptedLLM, serve
+from tests.support.workers import FAST, Worker, tiny_model  # noqa: F401  (fixture)
+
+CHROMIUM = Path(os.environ.get("TRAINYARD_CHROMIUM", "/usr/bin/chromium"))
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class ApiProcess:
+    """``trainyard api`` on a free port of 127.0.0.1, on the module's database."""
+
+    def __init__(self, database: OwnDatabase, log: Path) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        self.env = {
+            **os.environ,
+            **database.env(),
+            "PYTHONPATH": str(ROOT),
+            "PYTHONUNBUFFERED": "1",
+            "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
+        }
+        self.start()
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port)],
+            cwd=ROOT,
+            env=self.env,
+            stdout=self.log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.url}/healthz", timeout=1).is_success:
+                    return
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"API did not start:\n{self.log.read_text()[-3000:]}")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        """SIGKILL: every open stream drops mid-way."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(15)
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            self.proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(15)
+
+
+@pytest.fixture(scope="module")
+def ui_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ui")
+
+
+@pytest.fixture(scope="module")
+def api_server(module_database: OwnDatabase, ui_logs: Path) -> Iterator[ApiProcess]:  # noqa: F811
+    server = ApiProcess(module_database, ui_logs / "api.log")
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def judge() -> Iterator[ScriptedLLM]:
+    """An OpenAI-compatible judge: a real HTTP server (tests/support/llm.py) the workers
+    reach over 127.0.0.1."""
+    yield from serve(ScriptedLLM())
+
+
+@pytest.fixture(scope="module")
+def workers(
+    module_database: OwnDatabase,  # noqa: F811
+    ui_logs: Path,
+    tiny_model: Path,  # noqa: F811
+) -> Iterator[Worker]:
+    """One real ``trainyard worker`` running the real pipeline on the tiny model."""
+    log = ui_logs / "worker.log"
+    environ = {
+        **os.environ,
+        **module_database.env(),
+        **FAST,
+        "TRAINYARD_PIPELINE": "workers.pipeline:run_pipeline",
+        "TRAINYARD_HOME": str(ui_logs / "home"),
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": str(ROOT),
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "worker", "--pool", "solo", "--loglevel", "INFO"],
+        cwd=ROOT,
+        env=environ,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = Worker(proc, log)
+    deadline = time.monotonic() + 90
+    while " ready." not in worker.output():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError(f"worker did not start:\n{worker.output()}")
+        time.sleep(0.1)
+    try:
+        yield worker
+    finally:
+        if proc.poll() is None:
+            worker.kill(signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+async def maker(module_database: OwnDatabase) -> AsyncIterator[Any]:  # noqa: F811
+    async with sessions_on(module_database.url, pool_size=3) as m:
+        yield m
+
+
+@pytest.fixture(scope="module")
+async def tenant(maker: Any) -> Tenant:
+    return await new_tenant(maker)
+
+
+@pytest.fixture(scope="module")
+async def other_tenant(maker: Any) -> Tenant:
+    return await new_tenant(maker)
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Any]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (never `playwright install`)")
+    from playwright.async_api import async_playwright
+
+    async with async_playwright() as p:
+        b = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            await b.close()
+
+
+class Page:
+    """A browser tab on the API's dashboard that fails the test on any script error."""
+
+    def __init__(self, page: Any, base: str) -> None:
+        self.page = page
+        self.base = base
+        self.errors: list[str] = []
+        page.on("pageerror", lambda exc: self.errors.append(f"pageerror: {exc}"))
+        page.on(
+            "console",
+            lambda msg: (
+                self.errors.append(f"console.{msg.type}: {msg.text}")
+                if msg.type == "error"
+                else None
+            ),
+        )
+
+    async def sign_in(self, key: str, path: str = "/ui") -> None:
+        await self.page.goto(self.base + path)
+        await self.page.fill("#key", key)
+        await self.page.click("#signin button[type=submit]")
+        await self.until("() => window.trainyard && window.trainyard.settled === true")
+
+    async def until(self, predicate: str, within: float = 30) -> Any:
+        """Polls the function ``predicate`` in the page until it returns something truthy.
+        (Playwright's wait_for_function evaluates strings with eval, which the page's CSP
+        forbids, as it should.)"""
+        deadline = time.monotonic() + within
+        while True:
+            value = await self.page.evaluate(predicate)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out after {within} s waiting for {predicate}")
+            await asyncio.sleep(0.1)
+
+    async def screenshot(self, name: str) -> None:
+        folder = os.environ.get("TRAINYARD_SCREENSHOTS")
+        if not folder:
+            return
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        await self.page.screenshot(path=str(Path(folder) / f"{name}.png"), full_page=True)
+
+
+@pytest.fixture
+async def page(browser: Any, api_server: ApiProcess) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1440, "height": 1000})
+    tab = Page(await context.new_page(), api_server.url)
+    try:
+        yield tab
+    finally:
+        await context.close()
+    # 401/404 answers are logged by Chromium as failed resource loads; those are expected
+    # where a test asks for them, so only script errors fail a test.
+    real = [e for e in tab.errors if "Failed to load resource" not in e]
+    assert not real, real
