@@ -66,6 +66,10 @@ class Run(SQLModel, table=True):
         default=None, sa_column=jsonb(nullable=True, default=None)
     )
     sft: dict[str, Any] | None = Field(default=None, sa_column=jsonb(nullable=True, default=None))
+    # A teacher run's settings (app.runs.teacher), as validated; None: plain GRPO.
+    teacher: dict[str, Any] | None = Field(
+        default=None, sa_column=jsonb(nullable=True, default=None)
+    )
     metrics: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )

@@ -52,6 +52,7 @@ _NEW_RUN: dict[str, str | None] = {
     "dataset_id": "NULL",
     "parent_run_id": "NULL",
     "parent_step": "NULL",
+    "teacher": "NULL",
     "step": "0",
     "epoch": "0",
     "version": "1",
@@ -98,8 +99,9 @@ _CREATE_VALUES = {
     "sft": "$16",
     "parent_run_id": "$17",
     "parent_step": "$18",
+    "teacher": "$19",
 }
-_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$19", "generator": "$20"})
+_INSERT_INLINE = insert_run_sql({**_CREATE_VALUES, "num_examples": "$20", "generator": "$21"})
 _INSERT_FROM_DATASET = insert_run_sql(
     {**_CREATE_VALUES, "num_examples": "ds.num_train_rows", "dataset_id": "ds.id"},
     select_from="ds",
@@ -112,10 +114,10 @@ WITH run AS (
 ), inputs AS (
     INSERT INTO task_inputs (id, run_id, index, input_text, context, split)
     SELECT gen_random_uuid(), $1, i.index, i.input_text, i.context, i.split
-    FROM jsonb_to_recordset($21::jsonb) AS i(index int, input_text text, context jsonb, split text)
+    FROM jsonb_to_recordset($22::jsonb) AS i(index int, input_text text, context jsonb, split text)
 ), event AS (
     INSERT INTO run_events (run_id, type, level, message, data)
-    VALUES ($1, 'created', 'info', 'run created', $22::jsonb)
+    VALUES ($1, 'created', 'info', 'run created', $23::jsonb)
 )
 SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 """
@@ -124,7 +126,7 @@ SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 # one, makes ``ds`` empty, so nothing is inserted and no row comes back.
 _CREATE_FROM_DATASET = f"""
 WITH ds AS (
-    SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $19 AND project_id = $2
+    SELECT id, num_rows, num_train_rows FROM datasets WHERE id = $20 AND project_id = $2
         AND num_train_rows > 0
 ), run AS (
     {_INSERT_FROM_DATASET}
@@ -268,7 +270,7 @@ async def insert_run(
 
 
 def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tuple[Any, ...]:
-    """Parameters $1..$18 of both creates (:data:`_CREATE_VALUES`)."""
+    """Parameters $1..$19 of both creates (:data:`_CREATE_VALUES`)."""
     return (
         run_id,
         project_id,
@@ -288,6 +290,7 @@ def _run_values(run_id: uuid.UUID, project_id: uuid.UUID, body: RunCreate) -> tu
         body.sft.model_dump(mode="json") if body.sft else None,
         body.from_checkpoint.run_id if body.from_checkpoint else None,
         body.from_checkpoint.step if body.from_checkpoint else None,
+        body.teacher.model_dump(mode="json") if body.teacher else None,
     )
 
 

@@ -23,6 +23,7 @@ from app.runs.grpo import GrpoSettings
 from app.runs.rewards import FunctionReward, JudgeEndpoint, RewardSpec, RulerReward
 from app.runs.sft import SftSettings
 from app.runs.status import RunStatus
+from app.runs.teacher import TeacherSettings
 
 MAX_INLINE_INPUTS = 10_000
 
@@ -135,6 +136,12 @@ class RunCreate(RequestModel):
         default=None,
         description="A supervised warm-up on example conversations before the GRPO steps.",
     )
+    teacher: TeacherSettings | None = Field(
+        default=None,
+        description="A teacher run: the policy trained is a teacher whose completions are "
+        "guidance for a student model, rewarded by how much they improve its answers "
+        "(docs/teacher.md). Unset: plain GRPO.",
+    )
     config: StorableObject = Field(
         default_factory=dict,
         description=f"Free-form extra settings (nested at most {MAX_JSON_DEPTH} levels).",
@@ -230,6 +237,9 @@ class RunPublic(BaseModel):
     )
     sft: Annotated[dict[str, Any], DocumentedAs(SftSettings)] | None = Field(
         description="The supervised warm-up as validated; null: none."
+    )
+    teacher: Annotated[dict[str, Any], DocumentedAs(TeacherSettings)] | None = Field(
+        description="The teacher run's settings as validated; null: plain GRPO."
     )
     dataset_id: uuid.UUID | None
     parent_run_id: uuid.UUID | None = Field(

@@ -18,6 +18,7 @@ from app.runs.status import RunStatus
 from workers.context import RunContext
 from workers.environments import LoadedEnvironment
 from workers.ml.vllm_engine import check_vllm
+from workers.pipeline import teacher
 from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare_inputs
 from workers.pipeline.plan import build_plan
 from workers.rewards import Scorer, make_scorer
@@ -31,6 +32,9 @@ async def run_pipeline(ctx: RunContext) -> None:
     run = await ctx.load()
     scorer = make_scorer(run.reward)
     await asyncio.to_thread(scorer.check)  # judges are reached over the network
+    teaching = await teacher.for_run(ctx, run, scorer)  # None: not a teacher run
+    if teaching is not None:
+        await asyncio.to_thread(teaching.check)  # the student, loaded or reached
     await asyncio.to_thread(
         check_model,
         run.model_name,
@@ -46,14 +50,18 @@ async def run_pipeline(ctx: RunContext) -> None:
         # Imports, constructors, tool schemas, an MCP server: all before the first step.
         environment = await asyncio.to_thread(load_environment, run.environment)
     try:
-        await _stages(ctx, run, scorer, environment)
+        await _stages(ctx, run, scorer, environment, teaching)
     finally:
         if environment is not None:
             await asyncio.to_thread(environment.close)
 
 
 async def _stages(
-    ctx: RunContext, run: Run, scorer: Scorer, environment: LoadedEnvironment | None
+    ctx: RunContext,
+    run: Run,
+    scorer: Scorer,
+    environment: LoadedEnvironment | None,
+    teaching: teacher.Teaching | None = None,
 ) -> None:
     from workers.pipeline.training import RunPaths, train
 
@@ -73,6 +81,8 @@ async def _stages(
             f"{counts['train']} training inputs, {counts['validation']} for evaluation",
             data=counts,
         )
+        if teaching is not None:
+            await teaching.probe_inputs(ctx)  # the student's baselines and probes
 
     paths = RunPaths(ctx.settings.artifacts / str(run.id))
     start = None
@@ -93,15 +103,22 @@ async def _stages(
     if run.sft is not None:
         start = str(await _warm_up(ctx, run, paths.root, environment))
 
+    train_inputs = await load_inputs(ctx, "train")
+    validation = await load_inputs(ctx, "validation")
+    if teaching is not None:
+        # The teacher trains on its prompts; its guidance is scored by the student's answers.
+        train_inputs = await teaching.lessons(ctx, train_inputs)
+        validation = await teaching.lessons(ctx, validation)
+        teaching.use_guidance_length(run)
+        scorer = teaching.scorer()
     grpo = run.grpo
     plan = build_plan(
-        await load_inputs(ctx, "train"),
+        train_inputs,
         groups_per_step=grpo["groups_per_step"],
         num_epochs=run.num_epochs,
         max_steps=run.max_steps,
         seed=grpo["seed"],
     )
-    validation = await load_inputs(ctx, "validation")
     async with ctx.runtime.session() as session:
         latest = await checkpoints.latest(session, ctx.run_id)
     resume = None

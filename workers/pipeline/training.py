@@ -291,6 +291,7 @@ class StepBridge:
         context: list[str],
         trainer_state: Any,
         environments: list[Any] | None = None,
+        log_metric: Any = None,
         **_: Any,
     ) -> list[float | None]:
         # Cancelled while generating: the generation was cut short; store none of it.
@@ -322,9 +323,15 @@ class StepBridge:
                     ],
                 )
             )
+        if hasattr(self.scorer, "completion_tokens"):
+            # A scorer that prices the policy's tokens (a teacher run's) gets their counts,
+            # in the groups' order: a decoded text does not always re-encode to as many.
+            self.scorer.completion_tokens = [len(ids) for ids in completion_ids]
         if self.trainer is not None and not self.trainer.model.training:
             # Evaluation: score only; nothing is stored as training data.
-            return [s.reward for row in self.scorer.score(groups) for s in row]
+            evaluated = self.scorer.score(groups)
+            self._log_scorer_metrics(log_metric)
+            return [s.reward for row in evaluated for s in row]
 
         step = trainer_state.global_step + 1
         self.ctx.check(pause_ok=False)
@@ -349,6 +356,7 @@ class StepBridge:
             self.writes.submit(lambda: self._store_rollouts(step, rollouts))
 
         scores = self.scorer.score(groups)
+        self._log_scorer_metrics(log_metric)
         if episodes is not None:
             # An episode whose environment failed under it (its MCP server gone) is not the
             # policy's doing: it is recorded with the reason and not trained on.
@@ -379,6 +387,13 @@ class StepBridge:
         self._count_dropped(scores)
         self.ctx.check(pause_ok=False)
         return rewards
+
+    def _log_scorer_metrics(self, log_metric: Any) -> None:
+        """A scorer's own metrics of the groups it just scored (a teacher run's
+        ``teacher/...``), logged with the step's (TRL's ``log_metric``)."""
+        if log_metric is not None:
+            for name, value in getattr(self.scorer, "step_metrics", {}).items():
+                log_metric(name, value)
 
     def _count_dropped(self, scores: list[list[Score]]) -> None:
         """Fail the run once every group of ``max_dropped_steps`` steps in a row was dropped,
