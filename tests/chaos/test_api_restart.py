@@ -5,12 +5,6 @@ reconnects with Last-Event-ID sees every event of the run once, in order."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,7 +17,7 @@ from sqlalchemy import func, select
 
 from app.events.models import RunEvent
 from app.runs.models import Run
-from tests.support import ROOT
+from tests.support.api_process import ApiProcess
 from tests.support.database import OwnDatabase
 from tests.support.runs import get_run, run_body, wait_for
 
@@ -35,63 +29,21 @@ CLIENTS = 6
 BEFORE, AFTER = 2, 2
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ApiProcess:
-    def __init__(self, port: int, log: Path, database: OwnDatabase) -> None:
-        self.port = port
-        self.log = log
-        self.database = database
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        env = {
-            **os.environ,
-            **self.database.env(),
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            # Hundreds of pending runs (no worker keeps up) and six clients flat out: this
-            # test is about restarts, not the project's quota or the per-key rate limit.
-            "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
-            "TRAINYARD_RATE_LIMIT_PER_SECOND": "0",
-        }
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"http://127.0.0.1:{self.port}/healthz", timeout=1).is_success:
-                    return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"API did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(15)
-
-
 @pytest.fixture
-def api_process(own_database: OwnDatabase, tmp_path: Path) -> Iterator[ApiProcess]:
-    server = ApiProcess(_free_port(), tmp_path / "api.log", own_database)
+def api_server(own_database: OwnDatabase, tmp_path: Path) -> Iterator[ApiProcess]:
+    env = {
+        **own_database.env(),
+        # Hundreds of pending runs (no worker keeps up) and six clients flat out: this test
+        # is about restarts, not the project's quota or the per-key rate limit.
+        "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
+        "TRAINYARD_RATE_LIMIT_PER_SECOND": "0",
+    }
+    server = ApiProcess(tmp_path / "api.log", env)
     server.start()
     try:
         yield server
     finally:
-        if server.proc is not None and server.proc.poll() is None:
-            server.kill()
+        server.kill()
 
 
 async def _create_until_accepted(
@@ -134,10 +86,10 @@ async def _follow(http: httpx.AsyncClient, headers: dict[str, str], run_id: str)
 
 
 async def test_api_killed_under_load_loses_and_doubles_nothing(
-    api_process: ApiProcess, tenant, sessionmaker, start_worker
+    api_server: ApiProcess, tenant, sessionmaker, start_worker
 ) -> None:
     start_worker()
-    base = f"http://127.0.0.1:{api_process.port}"
+    base = api_server.url
     async with httpx.AsyncClient(base_url=base, timeout=10) as http:
         traced = await _create_until_accepted(
             http, tenant.headers, str(uuid.uuid4()), run_body(max_steps=20, config={"tick": 0.3})
@@ -165,8 +117,8 @@ async def test_api_killed_under_load_loses_and_doubles_nothing(
         await warmed.wait()
         # The traced run's stream must span the restart for the resume to be tested.
         assert (await get_run(sessionmaker, traced)).completed_at is None
-        await asyncio.to_thread(api_process.kill)  # mid-request for some of the clients
-        await asyncio.to_thread(api_process.start)
+        await asyncio.to_thread(api_server.kill)  # mid-request for some of the clients
+        await asyncio.to_thread(api_server.start)
         restarted.set()
         await asyncio.gather(*load)
         seen = await follower

@@ -5,13 +5,7 @@ one scrape."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +13,7 @@ import httpx
 from prometheus_client import multiprocess
 
 from app.observability import prometheus
-from tests.support import ROOT
+from tests.support.api_process import api_process
 from tests.support.cli import free_port, wait_for
 from tests.support.database import Tenant, api, own_database, sessionmaker  # noqa: F401
 from tests.support.prometheus import value
@@ -33,47 +27,9 @@ async def scraped_steps(client: httpx.AsyncClient) -> float:
     return value((await client.get("/metrics")).text, "trainyard_training_steps_total")
 
 
-@contextlib.contextmanager
-def uvicorn_api(folder: Path, log: Path, **env: str) -> Iterator[str]:
-    """The API under ``uvicorn --workers 2`` with ``folder`` as its multiprocess directory;
-    yields its base URL once it answers."""
-    port = free_port()
-    environ = {
-        **os.environ,
-        **env,
-        prometheus.MULTIPROC_ENV: str(folder),
-        "PYTHONPATH": str(ROOT),
-        "PYTHONUNBUFFERED": "1",
-    }
-    proc = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "uvicorn", "app.asgi:app", "--workers", "2"),
-            *("--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"),
-        ],
-        cwd=ROOT,
-        env=environ,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def ready() -> bool:
-        with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
-        return False
-
-    try:
-        wait_for("the API under uvicorn", ready, 60, log)
-        yield base
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(5)
+def uvicorn_api(folder: Path, log: Path, **env: str) -> Any:
+    """The API under ``uvicorn --workers 2`` with ``folder`` as its multiprocess directory."""
+    return api_process(log, {**env, prometheus.MULTIPROC_ENV: str(folder)}, workers=2, uvicorn=True)
 
 
 def healthz_by_process(folder: Path) -> dict[str, float]:
@@ -94,7 +50,8 @@ def test_two_api_processes_are_summed_in_one_scrape(
     service_urls: tuple[str, str], tmp_path: Path
 ) -> None:
     folder = prometheus.prepare_multiprocess_dir(tmp_path / "prometheus")
-    with uvicorn_api(folder, tmp_path / "api.log") as base:
+    with uvicorn_api(folder, tmp_path / "api.log") as server:
+        base = server.url
         sent = 0
 
         def both_answered() -> bool:
@@ -136,8 +93,8 @@ async def test_step_and_rollout_counters_move_during_a_real_run(
     tenant: Tenant = await make_tenant()
     body = letters_run(tiny_model, max_steps=2000, grpo={"save_steps": 10_000})
     per_step = body["grpo"]["groups_per_step"] * body["rollouts_per_group"]
-    with uvicorn_api(folder, tmp_path / "api.log", **own_database.env()) as base:
-        async with httpx.AsyncClient(base_url=base, headers=tenant.headers) as client:
+    with uvicorn_api(folder, tmp_path / "api.log", **own_database.env()) as server:
+        async with httpx.AsyncClient(base_url=server.url, headers=tenant.headers) as client:
             run = (await client.post("/runs", json=body)).json()
             seen = [await scraped_steps(client)]
             deadline = time.monotonic() + 180  # only turns a hang into a failure

@@ -56,6 +56,36 @@ class Worker:
             self.proc.wait(15)
 
 
+def spawn_worker(
+    log: Path,
+    env: dict[str, str],
+    *,
+    pool: str = "solo",
+    wait: bool = True,
+    python: str = sys.executable,
+    within: float = 90,
+) -> Worker:
+    """A ``trainyard worker`` with ``env`` over this process's environment, in a session of
+    its own; with ``wait``, returned once Celery says it is ready."""
+    environ = {**os.environ, **env, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [python, "-m", "app.cli", "worker", "--pool", pool, "--loglevel", "INFO"],
+        cwd=ROOT,
+        env=environ,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    worker = Worker(proc, log)
+    if wait:
+        deadline = time.monotonic() + within
+        while " ready." not in worker.output():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"worker did not start:\n{worker.output()}")
+            time.sleep(0.1)
+    return worker
+
+
 @pytest.fixture
 def start_worker(own_database: OwnDatabase, tmp_path: Path) -> Iterator[Any]:
     """Starts workers on the test's own database and broker prefix; ``env`` overrides
@@ -66,24 +96,10 @@ def start_worker(own_database: OwnDatabase, tmp_path: Path) -> Iterator[Any]:
         *, pool: str = "solo", wait: bool = True, python: str = sys.executable, **env: str
     ) -> Worker:
         log = tmp_path / f"worker-{len(started)}.log"
-        environ = {**os.environ, **own_database.env(), **FAST, **env, "PYTHONUNBUFFERED": "1"}
-        environ["PYTHONPATH"] = str(ROOT)
-        proc = subprocess.Popen(
-            [python, "-m", "app.cli", "worker", "--pool", pool, "--loglevel", "INFO"],
-            cwd=ROOT,
-            env=environ,
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        worker = spawn_worker(
+            log, {**own_database.env(), **FAST, **env}, pool=pool, wait=wait, python=python
         )
-        worker = Worker(proc, log)
         started.append(worker)
-        if wait:
-            deadline = time.monotonic() + 60
-            while " ready." not in worker.output():
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"worker did not start:\n{worker.output()}")
-                time.sleep(0.1)
         return worker
 
     yield _start

@@ -8,21 +8,16 @@ Python through ``executable_path``; no browser download), against a real API pro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
-from tests.support import ROOT
-from tests.support.cli import free_port
+from tests.support.api_process import ApiProcess, api_process
 from tests.support.database import (
     OwnDatabase,
     Tenant,
@@ -31,7 +26,7 @@ from tests.support.database import (
     sessions_on,
 )
 from tests.support.llm import ScriptedLLM, serve
-from tests.support.workers import FAST, Worker, tiny_model  # noqa: F401  (fixture)
+from tests.support.workers import FAST, Worker, spawn_worker, tiny_model  # noqa: F401
 
 CHROMIUM = Path(os.environ.get("TRAINYARD_CHROMIUM", "/usr/bin/chromium"))
 CHROMIUM_ARGS = [
@@ -46,56 +41,6 @@ CHROMIUM_ARGS = [
 ]
 
 
-class ApiProcess:
-    """``trainyard api`` on a free port of 127.0.0.1, on the module's database."""
-
-    def __init__(self, database: OwnDatabase, log: Path) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = log
-        self.env = {
-            **os.environ,
-            **database.env(),
-            "PYTHONPATH": str(ROOT),
-            "PYTHONUNBUFFERED": "1",
-            "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
-        }
-        self.start()
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "app.cli", "api", "--port", str(self.port)],
-            cwd=ROOT,
-            env=self.env,
-            stdout=self.log.open("ab"),
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        deadline = time.monotonic() + 60
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/healthz", timeout=1).is_success:
-                    return
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"API did not start:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
-
-    def kill(self) -> None:
-        """SIGKILL: every open stream drops mid-way."""
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(15)
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(15)
-
-
 @pytest.fixture(scope="module")
 def ui_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ui")
@@ -103,11 +48,9 @@ def ui_logs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def api_server(module_database: OwnDatabase, ui_logs: Path) -> Iterator[ApiProcess]:  # noqa: F811
-    server = ApiProcess(module_database, ui_logs / "api.log")
-    try:
+    env = {**module_database.env(), "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0"}
+    with api_process(ui_logs / "api.log", env) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -124,30 +67,14 @@ def workers(
     tiny_model: Path,  # noqa: F811
 ) -> Iterator[Worker]:
     """One real ``trainyard worker`` running the real pipeline on the tiny model."""
-    log = ui_logs / "worker.log"
-    environ = {
-        **os.environ,
+    env = {
         **module_database.env(),
         **FAST,
         "TRAINYARD_PIPELINE": "workers.pipeline:run_pipeline",
         "TRAINYARD_HOME": str(ui_logs / "home"),
-        "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": str(ROOT),
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "app.cli", "worker", "--pool", "solo", "--loglevel", "INFO"],
-        cwd=ROOT,
-        env=environ,
-        stdout=log.open("wb"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    worker = Worker(proc, log)
-    deadline = time.monotonic() + 90
-    while " ready." not in worker.output():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise RuntimeError(f"worker did not start:\n{worker.output()}")
-        time.sleep(0.1)
+    worker = spawn_worker(ui_logs / "worker.log", env)
+    proc = worker.proc
     try:
         yield worker
     finally:

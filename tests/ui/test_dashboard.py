@@ -15,10 +15,11 @@ import httpx
 import pytest
 
 from app.runs.status import RunStatus
+from tests.support.api_process import ApiProcess
 from tests.support.database import Tenant
 from tests.support.llm import ScriptedLLM, completion_of
 from tests.support.workers import letters_run
-from tests.ui.conftest import ApiProcess, Page
+from tests.ui.conftest import Page
 
 pytestmark = pytest.mark.browser
 
