@@ -151,7 +151,7 @@ After = Annotated[
 ]
 
 
-def page_params(
+async def page_params(
     request: Request,
     limit: Annotated[
         int | None,

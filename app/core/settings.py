@@ -92,7 +92,7 @@ class Settings(BaseSettings):
         description="The coroutine function (module:name) a worker runs for each claimed run.",
     )
     sse_gather_seconds: float = Field(
-        default=0.05,
+        default=0.1,
         ge=0,
         le=1,
         description="A live stream's events are gathered this long after a commit notifies "

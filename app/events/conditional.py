@@ -7,6 +7,9 @@ process's event hub knows (app/events/fanout.py): a run it has read through once
 while it listens, its notifications keep the last id current, and a 304 costs no query. What
 the hub does not know (a run not read yet, or any run while its connection is being remade)
 is read from the database, which answers the body and the tag from one snapshot.
+
+A 304 from memory is as fresh as the last notification the hub handled: an event is seen
+there a few milliseconds after its commit, not at the instant of it.
 """
 
 from __future__ import annotations

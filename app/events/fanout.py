@@ -44,10 +44,10 @@ log = logging.getLogger(__name__)
 #: What migration 0010's trigger notifies: ``<run id>:<first new event id>:<last new id>``.
 CHANNEL = "trainyard_run_events"
 
-KEEP_ALIVE = ": keep-alive\n\n"
+KEEP_ALIVE = b": keep-alive\n\n"
 # The last message to a subscriber that fell behind: its client reconnects after a second
 # with Last-Event-ID and reads the rest from the log.
-TOO_FAR_BEHIND = "retry: 1000\n: too far behind; reconnect to resume\n\n"
+TOO_FAR_BEHIND = b"retry: 1000\n: too far behind; reconnect to resume\n\n"
 
 
 @dataclass(eq=False, slots=True)
@@ -56,21 +56,40 @@ class Subscriber:
 
     position: int  # the last event id sent (or the position it started after)
     buffer: int
-    pending: deque[tuple[int, str]] = field(default_factory=deque)
-    ended: str | None = None  # the `end` message, once the hub saw the run's last event
+    pending: deque[StreamBatch] = field(default_factory=deque)
+    queued: int = 0  # events in pending
+    ended: bytes | None = None  # the `end` message, once the hub saw the run's last event
     dropped: bool = False  # fell more than `buffer` events behind
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def offer(self, batch: StreamBatch) -> None:
         if self.dropped:
             return
-        self.pending.extend(batch.events)
-        if len(self.pending) > self.buffer:
+        self.pending.append(batch)
+        self.queued += len(batch.events)
+        if self.queued > self.buffer:
             self.dropped = True
             self.pending.clear()
         elif batch.last:
             self.ended = batch.end()
         self.wake.set()
+
+    def take(self) -> bytes:
+        """What is pending and not sent yet, as one write: each batch's shared chunk, or
+        (a batch that overlaps what the catch-up sent) the messages after the position."""
+        out = []
+        while self.pending:
+            batch = self.pending.popleft()
+            if not batch.events or batch.events[-1][0] <= self.position:
+                continue
+            if batch.events[0][0] > self.position:
+                out.append(batch.chunk)
+            else:
+                fresh = "".join(m for i, m in batch.events if i > self.position)
+                out.append(fresh.encode())
+            self.position = batch.events[-1][0]
+        self.queued = 0
+        return b"".join(out)
 
 
 @dataclass(slots=True)
@@ -283,7 +302,7 @@ class Subscription:
         self._run_id = run_id
         self._me = subscriber
 
-    async def messages(self) -> AsyncIterator[str]:
+    async def messages(self) -> AsyncIterator[bytes]:
         """Each event once, in order, then `end`; keep-alives while idle. Returns early
         (after a retry hint) when it fell too far behind."""
         me = self._me
@@ -291,7 +310,7 @@ class Subscription:
             batch = await stream_read(self._hub._pool, self._run_id, me.position)
             if batch.events:
                 me.position = batch.events[-1][0]
-                yield "".join(message for _, message in batch.events)
+                yield batch.chunk
             if batch.last:
                 yield batch.end()
                 return
@@ -305,14 +324,9 @@ class Subscription:
                 except TimeoutError:
                     yield KEEP_ALIVE
                     continue
-            fresh = []  # one write for everything that came at once
-            while me.pending:
-                event_id, message = me.pending.popleft()
-                if event_id > me.position:
-                    me.position = event_id
-                    fresh.append(message)
+            fresh = me.take()  # one write for everything that came at once
             if fresh:
-                yield "".join(fresh)
+                yield fresh
             if me.dropped:
                 # Resume from the last id sent: the client reconnects with Last-Event-ID.
                 yield TOO_FAR_BEHIND

@@ -176,8 +176,8 @@ async def stream_run_events(
         start = min(int(last_event_id), INT64_MAX)
     hub: EventHub = request.app.state.event_hub
 
-    async def events() -> AsyncIterator[str]:
-        yield "retry: 2000\n\n"
+    async def events() -> AsyncIterator[bytes]:
+        yield b"retry: 2000\n\n"
         async with hub.subscribe(run_id, start) as subscription:
             async for message in subscription.messages():
                 yield message

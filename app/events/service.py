@@ -120,6 +120,7 @@ class StreamBatch:
 
     events: list[tuple[int, str]]  # (event id, the whole SSE message)
     status: str | None  # None once the run is gone
+    chunk: bytes  # every message, encoded: what each subscriber is sent, made once
 
     @property
     def last(self) -> bool:
@@ -127,19 +128,19 @@ class StreamBatch:
         ended = self.status is None or RunStatus(self.status) in TERMINAL
         return ended and len(self.events) < STREAM_BATCH
 
-    def end(self) -> str:
+    def end(self) -> bytes:
         """The stream's last message: `end` with the run's final status."""
-        return f"event: end\ndata: {json.dumps({'status': self.status})}\n\n"
+        return f"event: end\ndata: {json.dumps({'status': self.status})}\n\n".encode()
 
 
 async def stream_read(pool: asyncpg.Pool, run_id: uuid.UUID, after_id: int) -> StreamBatch:
     """Up to STREAM_BATCH events of the run with id > ``after_id``, rendered for SSE."""
     rows = await pool.fetch(_STREAM, run_id, after_id, STREAM_BATCH)
     if not rows:
-        return StreamBatch([], None)
+        return StreamBatch([], None, b"")
     events = [
         (row["id"], f"id: {row['id']}\nevent: {row['type']}\ndata: {row['payload']}\n\n")
         for row in rows
         if row["id"] is not None
     ]
-    return StreamBatch(events, rows[0]["status"])
+    return StreamBatch(events, rows[0]["status"], "".join(m for _, m in events).encode())

@@ -12,7 +12,7 @@ from sqlalchemy import text
 
 from app.core.pg import connect_kwargs
 from app.events.fanout import EventHub
-from tests.support.events import append_events, hub_listening, new_run
+from tests.support.events import append_events, event_id, hub_listening, new_run, streams
 
 
 async def _get(client: Any, url: str, tenant: Any, tag: str | None = None, **params: Any) -> Any:
@@ -40,7 +40,10 @@ async def test_event_pages_answer_304_until_an_event_commits(
     # Another URL of the same run has a tag of its own.
     assert (await _get(client, url, tenant, tag, limit=11)).status_code == 200
 
-    (new_id,) = await append_events(sessionmaker, run_id, 1)
+    async with streams(api.state.event_hub, run_id, 1) as (heard,):
+        (new_id,) = await append_events(sessionmaker, run_id, 1)
+        # The hub knows of an event once its notification arrived: the stream shows when.
+        await heard.wait_for(lambda got: bool(got) and event_id(got[-1]) == new_id)
     fresh = await _get(client, url, tenant, tag, limit=10)
     assert fresh.status_code == 200
     assert fresh.headers["ETag"] != tag
@@ -60,22 +63,24 @@ async def test_metrics_answer_304_until_a_metrics_write(
     assert (await _get(client, url, tenant, tag)).status_code == 304
 
     # A metrics write, as every writer makes it: the points and an event, one transaction.
-    async with sessionmaker() as s, s.begin():
-        await s.execute(text("SELECT 1 FROM runs WHERE id = :id FOR UPDATE"), {"id": run_id})
-        await s.execute(
-            text(
-                "INSERT INTO metric_points (run_id, step, name, value)"
-                " VALUES (:id, 1, 'reward_mean', 0.5)"
-            ),
-            {"id": run_id},
-        )
-        await s.execute(
-            text(
-                "INSERT INTO run_events (run_id, type, level, message, data)"
-                " VALUES (:id, 'step', 'info', 'step 1', '{}')"
-            ),
-            {"id": run_id},
-        )
+    async with streams(api.state.event_hub, run_id, 1) as (heard,):
+        async with sessionmaker() as s, s.begin():
+            await s.execute(text("SELECT 1 FROM runs WHERE id = :id FOR UPDATE"), {"id": run_id})
+            await s.execute(
+                text(
+                    "INSERT INTO metric_points (run_id, step, name, value)"
+                    " VALUES (:id, 1, 'reward_mean', 0.5)"
+                ),
+                {"id": run_id},
+            )
+            new_id = await s.scalar(
+                text(
+                    "INSERT INTO run_events (run_id, type, level, message, data)"
+                    " VALUES (:id, 'step', 'info', 'step 1', '{}') RETURNING id"
+                ),
+                {"id": run_id},
+            )
+        await heard.wait_for(lambda got: bool(got) and event_id(got[-1]) == new_id)
     fresh = await _get(client, url, tenant, tag)
     assert fresh.status_code == 200
     assert fresh.json()["series"][0]["points"] == [{"step": 1, "value": 0.5}]
