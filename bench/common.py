@@ -7,8 +7,12 @@
 - ``Trainyard``: an installation of our own for one benchmark (its database, its broker key
   prefix, its home, an API key), its API and worker processes, and the HTTP calls a harness
   makes on a run;
-- the load generators: wrk, run as a child whose own CPU time is read back, and
-  ``RawHTTP``, the lean HTTP client of bench/pollers.py;
+- the load generators: wrk, run as a child whose own CPU time is read back, ``RawHTTP``,
+  the lean HTTP client of bench/pollers.py, and ``ClientFleet``, load client processes;
+- a run under load (bench/pollers.py, bench/watchers.py): ``RunUnderLoad``, pinning
+  (``Roles``, ``Pinner``), CPU per role (``snapshot``, ``cpu_usage``), the phases
+  (``Phase``, ``idle_phase``, ``watch``), the step times per phase (``assign_steps``,
+  ``compare_steps``), other load (``wait_for_other_load``), their options;
 - the options every such benchmark takes (``add_trainyard_args``, ``add_output_arg``);
 - machine facts (CPU, RAM, kernel, git revision, versions, load) and waiting for the machine
   to go quiet;
@@ -19,25 +23,31 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import datetime as dt
 import importlib.metadata
+import itertools
 import json
 import math
+import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
 import platform
 import re
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 import urllib.parse
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -554,7 +564,8 @@ class Trainyard:
             f"{self.name}-worker", [*self.cli, "worker", "--pool", "solo"], env=self.env
         )
         self.servers.append(self.worker)
-        wait_for_log(self.worker, re.compile(r"\bready\.?\s*$", re.M), timeout)
+        # Celery's "… ready." line, as plain text or as the message of a JSON log line.
+        wait_for_log(self.worker, re.compile(r"\bready\.?(?:\"\})?\s*$", re.M), timeout)
         return self.worker
 
     @property
@@ -592,6 +603,19 @@ class Trainyard:
             r = client.post(f"/runs/{run_id}/cancel")
         if r.status_code not in (200, 202, 409):
             log(f"WARNING: cancel answered {r.status_code}: {r.text[:300]}")
+
+
+def model_for(args: argparse.Namespace, home: Path, *, tools: bool = False) -> Path:
+    """``--model``, or the tiny model (``trainyard tiny-model``; ``--tools``: the agent
+    variant) built under ``home``; an absolute path."""
+    if args.model is not None:
+        return Path(args.model).resolve()
+    model = home / "models" / ("tiny-llama-tools" if tools else "tiny-llama")
+    run_checked(
+        [str(args.trainyard_bin), "tiny-model", str(model), *(["--tools"] if tools else [])],
+        what="building the tiny model",
+    )
+    return model.resolve()
 
 
 def letters_run(model: Path, *, steps: int, save_steps: int, name: str) -> dict[str, Any]:
@@ -664,26 +688,34 @@ class RawHTTP:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def get(self, target: str) -> tuple[int, bytes]:
+    async def get(self, target: str, extra: bytes = b"") -> tuple[int, bytes]:
+        """GET ``target``; ``extra``: more header lines, each ending in CRLF."""
+        status, _, body = await self.request(target, extra)
+        return status, body
+
+    async def request(self, target: str, extra: bytes = b"") -> tuple[int, bytes, bytes]:
+        """GET ``target``: status, the value of the response's ``ETag`` (b"" if none), body."""
         try:
             async with asyncio.timeout(self.timeout):
-                return await self._get(target)
+                return await self._get(target, extra)
         except (OSError, EOFError, TimeoutError, ValueError, asyncio.IncompleteReadError) as e:
             self.close()
             raise TransportError(type(e).__name__) from e
 
-    async def _get(self, target: str) -> tuple[int, bytes]:
+    async def _get(self, target: str, extra: bytes) -> tuple[int, bytes, bytes]:
         if self.writer is None or self.reader is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
-        self.writer.write(b"GET " + target.encode() + b" HTTP/1.1\r\n" + self.head)
+        self.writer.write(b"GET " + target.encode() + b" HTTP/1.1\r\n" + extra + self.head)
         head = await self.reader.readuntil(b"\r\n\r\n")
         lines = head.split(b"\r\n")
         status = int(lines[0].split(b" ", 2)[1])
-        length, chunked, close = 0, False, False
+        length, chunked, close, etag = 0, False, False, b""
         for line in lines[1:]:
             name, _, value = line.partition(b":")
             name = name.strip().lower()
-            if name == b"content-length":
+            if name == b"etag":
+                etag = value.strip()
+            elif name == b"content-length":
                 length = int(value)
             elif name == b"transfer-encoding":
                 chunked = b"chunked" in value.lower()
@@ -699,12 +731,108 @@ class RawHTTP:
             body = await self.reader.readexactly(length) if length else b""
         if close:
             self.close()
-        return status, body
+        return status, etag, body
 
     def close(self) -> None:
         if self.writer is not None:
             self.writer.close()
         self.reader = self.writer = None
+
+
+def client_process(
+    main: Callable[[Any, mpc.Connection], Coroutine[Any, Any, Any]], cfg: Any, conn: mpc.Connection
+) -> None:
+    """Entry point of a load client process (:class:`ClientFleet`): runs ``main(cfg, conn)``
+    on uvloop and sends back what it returns (a dataclass as a plain dict: its class lives
+    in ``__mp_main__`` here) or the error, as a string. ``main`` sends "ready", receives the
+    start time (``time.time()`` epoch) and loads the API until its window ends."""
+    try:
+        import uvloop
+
+        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
+    except ImportError:  # pragma: no cover - uvloop comes with the API's dependencies
+        factory = None
+    try:
+        with asyncio.Runner(loop_factory=factory) as runner:
+            result: Any = runner.run(main(cfg, conn))
+            if dataclasses.is_dataclass(result) and not isinstance(result, type):
+                result = dataclasses.asdict(result)
+            conn.send(result)
+    except BaseException as e:  # the parent reports it
+        with contextlib.suppress(OSError):
+            conn.send(f"{type(e).__name__}: {e}")
+    finally:
+        conn.close()
+
+
+class ClientFleet:
+    """Load client processes, one per config, each running ``main`` (:func:`client_process`):
+    started, released at one start time, collected and, if need be, killed. Spawned, not
+    forked: the harness has threads (the pinner)."""
+
+    what = "client process"
+
+    def __init__(
+        self, main: Callable[[Any, mpc.Connection], Coroutine[Any, Any, Any]], configs: list[Any]
+    ) -> None:
+        self.procs: list[Any] = []
+        self.conns: list[mpc.Connection] = []
+        ctx = mp.get_context("spawn")
+        for cfg in configs:
+            parent, child = ctx.Pipe(duplex=True)
+            proc = ctx.Process(target=client_process, args=(main, cfg, child), daemon=True)
+            proc.start()
+            child.close()
+            self.procs.append(proc)
+            self.conns.append(parent)
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def _recv(self, conn: mpc.Connection, deadline: float, what: str) -> Any:
+        if not conn.poll(max(0.0, deadline - time.monotonic())):
+            raise BenchError(f"a {self.what} did not {what} in time")
+        try:
+            msg = conn.recv()
+        except EOFError as e:
+            raise BenchError(f"a {self.what} exited before it could {what}") from e
+        if isinstance(msg, str) and msg != "ready":
+            raise BenchError(f"a {self.what} failed: {msg}")
+        return msg
+
+    def start(self, ready_timeout: float, lead: float) -> float:
+        """Wait until every process is ready; they start ``lead`` s from now (returned)."""
+        deadline = time.monotonic() + ready_timeout
+        for conn in self.conns:
+            self._recv(conn, deadline, "start")
+        start_at = time.time() + lead
+        for conn in self.conns:
+            conn.send(start_at)
+        return start_at
+
+    def send(self, message: Any) -> None:
+        """A message to every process (one its ``main`` waits for: "stop")."""
+        for conn in self.conns:
+            conn.send(message)
+
+    def collect(self, timeout: float) -> list[Any]:
+        """What each process's ``main`` returned, in order."""
+        deadline = time.monotonic() + timeout
+        results = [self._recv(conn, deadline, "report") for conn in self.conns]
+        for proc in self.procs:
+            proc.join(timeout=10)
+        return results
+
+    def kill(self) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(Exception):
+                if proc.is_alive():
+                    proc.kill()
+                proc.join(timeout=5)
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                conn.close()
 
 
 @dataclasses.dataclass
@@ -830,6 +958,482 @@ def wrk_version() -> str:
     return m.group(1) if m else "unknown"
 
 
+# --------------------------------------------------- a run under load: pinning, CPU, phases
+#
+# What bench/pollers.py and bench/watchers.py share: a long run trains while the API is
+# loaded; phases without, with and without the load again; the worker and its PostgreSQL
+# backends pinned to one CPU, the rest to the others; CPU per role; each step assigned to
+# the phase it ran in.
+
+STEP_METRIC = "step_seconds"  # workers/pipeline/training.py: on_step_begin → the step's log
+# Other load that would pollute the numbers on a small machine: other benchmarks, test runs,
+# load generators. Waited for before each configuration, watched during it.
+OTHER_LOAD = re.compile(r"bench/\w+\.py|\bpytest\b|(?:^|/)wrk\b")
+
+
+BACKEND = re.compile(r"^postgres: .*? (\S+) (?:\d[\d.]*|\[[0-9a-f:]+\]|[0-9a-f:]+)\((\d+)\)")
+
+
+def tree(pid: int, recursive: bool = True) -> list[psutil.Process]:
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        return [root, *(root.children(recursive=True) if recursive else [])]
+    return []
+
+
+class BackendScanner:
+    """PostgreSQL backends connected to one database over TCP: pid -> the client's port,
+    from the process title (``postgres: 15/main: USER DB HOST(PORT) STATE``). A backend's
+    database and client never change, so each process is read once; titles that may still
+    change (a just-forked backend, PostgreSQL's own processes) are read again every time."""
+
+    def __init__(self, db_name: str) -> None:
+        self.db_name = db_name
+        self.known: dict[int, int | None] = {}
+
+    def scan(self) -> dict[int, int]:
+        pids = set(psutil.pids())
+        self.known = {pid: v for pid, v in self.known.items() if pid in pids}
+        for pid in pids - self.known.keys():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+            except OSError:
+                continue
+            m = BACKEND.match(title)
+            if m:
+                self.known[pid] = int(m.group(2)) if m.group(1) == self.db_name else None
+            elif "postgres" not in title:
+                self.known[pid] = None
+        return {pid: port for pid, port in self.known.items() if port is not None}
+
+
+def client_ports(pids: Iterable[int], pg_port: int) -> set[int]:
+    """Local ports of these processes' TCP connections to PostgreSQL."""
+    ports: set[int] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            for c in psutil.Process(pid).net_connections(kind="tcp"):
+                if c.raddr and c.raddr.port == pg_port and c.laddr:
+                    ports.add(c.laddr.port)
+    return ports
+
+
+class Roles:
+    """The processes this script started, by role, and the database backends serving them."""
+
+    def __init__(self, db_name: str, pg_port: int) -> None:
+        self.db_name = db_name
+        self.pg_port = pg_port
+        self.roots: dict[str, list[int]] = {"worker": [], "api": [], "clients": []}
+        self.lock = threading.Lock()
+        self.scanner = BackendScanner(db_name)
+        self.scan_lock = threading.Lock()
+
+    def pids(self, role: str) -> list[int]:
+        with self.lock:
+            roots = list(self.roots[role])
+        return [p.pid for r in roots for p in tree(r)]
+
+    def backends(self) -> dict[int, str]:
+        """Backends of the bench database -> ``worker`` or ``api`` (anything not the
+        worker's: the API's pools and this script's own short queries)."""
+        worker_ports = client_ports(self.pids("worker"), self.pg_port)
+        with self.scan_lock:
+            found = self.scanner.scan()
+        return {pid: "worker" if port in worker_ports else "api" for pid, port in found.items()}
+
+
+class Pinner(threading.Thread):
+    """Every ``every`` s, puts each thread of our processes on its CPUs: the worker and its
+    backends on ``worker_cpus``, the API, its backends, the load's clients and this script on
+    ``api_cpus``. ``unpin()`` gives them all CPUs back. PostgreSQL's shared processes
+    (postmaster, WAL writer, checkpointer, autovacuum), Redis and other people's processes
+    are left alone."""
+
+    def __init__(
+        self, roles: Roles, worker_cpus: set[int], api_cpus: set[int], every: float = 0.5
+    ) -> None:
+        super().__init__(name="pinner", daemon=True)
+        self.roles = roles
+        self.all_cpus = set(os.sched_getaffinity(0))
+        self.worker_cpus = worker_cpus
+        self.api_cpus = api_cpus
+        self.every = every
+        self.active = False
+        self.stopping = threading.Event()
+
+    @staticmethod
+    def _set(pid: int, cpus: set[int]) -> None:
+        with contextlib.suppress(OSError):
+            for name in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    if os.sched_getaffinity(int(name)) != cpus:
+                        os.sched_setaffinity(int(name), cpus)
+
+    def apply(self) -> None:
+        worker = self.worker_cpus if self.active else self.all_cpus
+        api = self.api_cpus if self.active else self.all_cpus
+        for pid in self.roles.pids("worker"):
+            self._set(pid, worker)
+        for pid in [*self.roles.pids("api"), *self.roles.pids("clients"), os.getpid()]:
+            self._set(pid, api)
+        for pid, role in self.roles.backends().items():
+            self._set(pid, worker if role == "worker" else api)
+
+    def pin(self) -> None:
+        self.active = True
+        self.apply()
+
+    def unpin(self) -> None:
+        self.active = False
+        self.apply()
+
+    def run(self) -> None:
+        while not self.stopping.wait(self.every):
+            with contextlib.suppress(Exception):  # a process that just exited, etc.
+                self.apply()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self.is_alive():
+            self.join(timeout=5)
+        with contextlib.suppress(Exception):
+            self.unpin()
+
+
+@dataclasses.dataclass
+class CpuSnapshot:
+    t: float
+    machine: Any
+    per_cpu: list[Any]
+    procs: dict[str, float]
+    backends: dict[int, tuple[str, float]]
+
+
+def snapshot(roles: Roles) -> CpuSnapshot:
+    backends: dict[int, tuple[str, float]] = {}
+    for pid, role in roles.backends().items():
+        with contextlib.suppress(psutil.Error):
+            t = psutil.Process(pid).cpu_times()
+            backends[pid] = (role, t.user + t.system)
+    me = psutil.Process().cpu_times()
+    return CpuSnapshot(
+        t=time.monotonic(),
+        machine=psutil.cpu_times(),
+        per_cpu=psutil.cpu_times(percpu=True),
+        procs={
+            "worker": cpu_seconds(*roles.roots["worker"]),
+            "api": cpu_seconds(*roles.roots["api"]),
+            "harness": me.user + me.system,
+        },
+        backends=backends,
+    )
+
+
+def busy_seconds(before: Any, after: Any) -> tuple[float, float]:
+    """(busy, total) CPU seconds between two psutil.cpu_times() readings."""
+    total = sum(getattr(after, k) - getattr(before, k) for k in before._fields)
+    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
+    return total - idle, total
+
+
+def cpu_usage(a: CpuSnapshot, b: CpuSnapshot, clients_cpu: float = 0.0) -> dict[str, float]:
+    """% of one core per consumer between two snapshots, plus each CPU's busy %;
+    ``clients_cpu``: the load's client processes' own CPU seconds, which they measure."""
+    wall = max(b.t - a.t, 1e-9)
+    out = {k: 100 * (b.procs[k] - a.procs[k]) / wall for k in b.procs}
+    for role in ("worker", "api"):
+        used = sum(
+            cpu - (a.backends[pid][1] if pid in a.backends else 0.0)
+            for pid, (r, cpu) in b.backends.items()
+            if r == role
+        )
+        out[f"pg_{role}"] = 100 * used / wall
+    out["clients"] = 100 * clients_cpu / wall
+    busy, total = busy_seconds(a.machine, b.machine)
+    ours = sum(out.values()) / 100 * wall
+    out["other"] = max(0.0, 100 * (busy - ours) / wall)
+    for i, (x, y) in enumerate(zip(a.per_cpu, b.per_cpu, strict=False)):
+        cb, ct = busy_seconds(x, y)
+        out[f"cpu{i}_busy"] = 100 * cb / ct if ct > 0 else float("nan")
+    out["machine_busy"] = 100 * busy / total if total > 0 else float("nan")
+    return out
+
+
+PG_REFUSED: collections.Counter[str] = collections.Counter()  # harness connections refused
+
+
+def bench_query(url: str, sql: str, tries: int = 20) -> list[str | None]:
+    """pg_query on the bench database, retried while PostgreSQL refuses new connections
+    (``too many clients``: the API's pools may hold them all; that is counted and reported)."""
+    for attempt in range(tries):
+        try:
+            return pg_query(url, sql)
+        except BenchError as e:
+            if "too many clients" not in str(e) or attempt == tries - 1:
+                raise
+            PG_REFUSED["too many clients"] += 1
+            time.sleep(0.5)
+    raise AssertionError("unreachable")
+
+
+class RunUnderLoad(Trainyard):
+    """A fresh bench database, the API, one worker, an API key, and what the phases of a
+    benchmark that loads the API while a run trains ask of them. ``args`` has the options of
+    :func:`add_run_under_load_args`."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        servers: list[Server],
+        home: Path,
+        *,
+        name: str,
+        db_name: str,
+    ) -> None:
+        super().__init__(
+            args,
+            name=name,
+            db_name=db_name,
+            servers=servers,
+            home=home,
+            env={
+                # Measure the API under load, not its limits: one key makes every request.
+                "TRAINYARD_RATE_LIMIT_PER_SECOND": "0",
+                "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
+                **torch_thread_env(args.torch_threads),
+                **dict(item.partition("=")[::2] for item in args.api_env),
+            },
+        )
+        self.args = args
+
+    def run_state(self, run_id: str) -> tuple[str, int, str | None]:
+        row = bench_query(
+            self.db_url,
+            "SELECT json_build_object('status', status, 'step', step, 'error', error)::text"
+            f" FROM runs WHERE id = '{run_id}'",
+        )
+        if not row or row[0] is None:
+            raise BenchError(f"run {run_id} not found in {self.db_name}")
+        state = json.loads(row[0])
+        return str(state["status"]), int(state["step"] or 0), state.get("error")
+
+    def check(self, run_id: str) -> int:
+        """The run's step; raises if the worker died or the run ended."""
+        assert self.worker is not None
+        self.worker.check_alive()
+        status, step, error = self.run_state(run_id)
+        if status in TERMINAL:
+            raise BenchError(
+                f"run {run_id} ended {status} at step {step} during the measurement"
+                f" ({error or 'raise --max-steps'}); worker log: {self.worker.log_path}"
+            )
+        return step
+
+    def wait_for_step(self, run_id: str, step: int, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self.check(run_id) < step:
+            if time.monotonic() > deadline:
+                raise BenchError(
+                    f"run {run_id} did not reach step {step} within {timeout:.0f} s; worker"
+                    f" log {self.worker.log_path if self.worker else '?'}"
+                )
+            time.sleep(0.5)
+
+    def cancel_and_wait(self, run_id: str, timeout: float = 60.0) -> str:
+        """Cancel the run; its status once it ended (or after ``timeout`` s)."""
+        self.cancel(run_id)
+        deadline = time.monotonic() + timeout
+        status = self.run_state(run_id)[0]
+        while status not in TERMINAL and time.monotonic() < deadline:
+            time.sleep(0.5)
+            status = self.run_state(run_id)[0]
+        return status
+
+    def step_seconds(self, run_id: str) -> dict[int, float]:
+        """The run's own per-step time (GET /runs/{id}/metrics, the worker's clock)."""
+        return dict(self.metrics(run_id, STEP_METRIC).get(STEP_METRIC, []))
+
+    def step_events(self, run_id: str) -> dict[int, float]:
+        """When each step's `step` event was written (epoch s, the database clock)."""
+        row = bench_query(
+            self.db_url,
+            "SELECT coalesce(json_object_agg((data->>'step'), extract(epoch FROM created_at)),"
+            f" '{{}}')::text FROM run_events WHERE run_id = '{run_id}' AND type = 'step'",
+        )
+        raw = json.loads(row[0] or "{}") if row else {}
+        return {int(k): float(v) for k, v in raw.items()}
+
+
+@dataclasses.dataclass
+class Phase:
+    config: str  # "pinned" / "unpinned"
+    name: str  # "before" / the loaded phase ("with pollers", …) / "after"
+    start: float  # epoch s
+    end: float
+    cpu: dict[str, float]
+    loadavg: tuple[float, float, float]
+    clients: list[Any] = dataclasses.field(default_factory=list)  # what the load's clients saw
+    steps: dict[str, float] = dataclasses.field(default_factory=dict)
+    db: dict[str, float] = dataclasses.field(default_factory=dict)
+    overlap: set[str] = dataclasses.field(default_factory=set)  # other load seen meanwhile
+
+
+def idle_phase(
+    config: str, name: str, seconds: float, services: RunUnderLoad, roles: Roles, run_id: str
+) -> Phase:
+    """``seconds`` of training without the load: CPU per role, other load seen."""
+    log(f"{config}: {name}, {seconds:g} s without the load")
+    a = snapshot(roles)
+    start = time.time()
+    seen = watch(start + seconds, services, run_id)
+    b = snapshot(roles)
+    return Phase(
+        config,
+        name,
+        start,
+        time.time(),
+        cpu_usage(a, b),
+        loadavg(),
+        overlap=seen,
+    )
+
+
+def watch(until: float, services: RunUnderLoad, run_id: str) -> set[str]:
+    """Sleep until ``until`` (epoch s), checking the run and noting other load every 2 s."""
+    seen: set[str] = set()
+    while (now := time.time()) < until:
+        time.sleep(min(2.0, until - now))
+        services.check(run_id)
+        seen |= other_load()
+    return seen
+
+
+def assign_steps(phases: list[Phase], seconds: dict[int, float], ends: dict[int, float]) -> None:
+    """Each step whose whole span (its `step` event minus its step_seconds → the event)
+    falls inside a phase belongs to it; steps across a boundary belong to none."""
+    for ph in phases:
+        inside = sorted(
+            s for s, t in ends.items() if s in seconds and t - seconds[s] >= ph.start and t < ph.end
+        )
+        values = [seconds[s] for s in inside]
+        gaps = [ends[b] - ends[a] for a, b in itertools.pairwise(inside) if b == a + 1]
+        ph.steps = {
+            "count": len(values),
+            "first": inside[0] if inside else 0,
+            "last": inside[-1] if inside else 0,
+            "median": statistics.median(values) if values else float("nan"),
+            "mean": statistics.fmean(values) if values else float("nan"),
+            "p90": quantile(values, 0.90),
+            "interval_median": statistics.median(gaps) if gaps else float("nan"),
+            "steps_per_s": len(values) / max(ph.end - ph.start, 1e-9),
+        }
+
+
+def quantile(values: list[float], q: float) -> float:
+    """The q-quantile by the nearest-rank method (what a latency SLO means by p99)."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def comparison(phases: list[Phase]) -> dict[str, float]:
+    """The median step of the loaded phase against the mean of the outer two (before and
+    after); ``drift``: after against before, the noise."""
+    by = {p.name: p for p in phases}
+    during = next(p for p in phases if p.name not in ("before", "after"))
+    return compare_steps(by["before"], during, by["after"])
+
+
+def compare_steps(before_phase: Phase, during_phase: Phase, after_phase: Phase) -> dict[str, float]:
+    """``during``'s median step against the mean of the medians of the phases around it."""
+    before, during, after = (p.steps["median"] for p in (before_phase, during_phase, after_phase))
+    base = statistics.fmean([before, after])
+    return {
+        "baseline_median_s": base,
+        "with_median_s": during,
+        "slowdown": during / base - 1 if base else float("nan"),
+        "drift": after / before - 1 if before else float("nan"),
+    }
+
+
+def fmt_pct(v: float) -> str:
+    return "n/a" if math.isnan(v) else f"{v:.0f}%"
+
+
+def verdict(ok: bool) -> str:
+    return "pass" if ok else "**fail**"
+
+
+def render_steps(phases: list[Phase]) -> str:
+    rows = [
+        "| phase | window | steps | median step | p90 step | median step-to-step | steps/s |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for p in phases:
+        s = p.steps
+        rows.append(
+            f"| {p.name} | {p.end - p.start:.0f} s | {s['count']:.0f} ({s['first']:.0f}–"
+            f"{s['last']:.0f}) | {fmt_ms(s['median'] * 1e3)} | {fmt_ms(s['p90'] * 1e3)} |"
+            f" {fmt_ms(s['interval_median'] * 1e3)} | {s['steps_per_s']:.2f} |"
+        )
+    return "\n".join(rows)
+
+
+def render_cpu(phases: list[Phase], n_cpus: int, clients: str) -> str:
+    """CPU per role and per CPU, a row per phase; ``clients`` names the load's clients."""
+    cols = [
+        ("worker", "worker"),
+        ("pg_worker", "its PG backends"),
+        ("api", "API"),
+        ("pg_api", "API's PG backends"),
+        ("clients", clients),
+        ("harness", "harness"),
+        ("other", "everything else"),
+    ]
+    head = " | ".join(c for _, c in cols)
+    cpu_cols = " | ".join(f"CPU {i} busy" for i in range(n_cpus))
+    rows = [
+        f"| phase | {head} | {cpu_cols} | loadavg 1 min |",
+        "|---|" + "---:|" * (len(cols) + n_cpus + 1),
+    ]
+    for p in phases:
+        vals = " | ".join(fmt_pct(p.cpu.get(k, float("nan"))) for k, _ in cols)
+        busy = " | ".join(fmt_pct(p.cpu.get(f"cpu{i}_busy", float("nan"))) for i in range(n_cpus))
+        rows.append(f"| {p.name} | {vals} | {busy} | {p.loadavg[0]:.2f} |")
+    return "\n".join(rows)
+
+
+def other_load() -> set[str]:
+    """What else runs here that loads the machine: other benchmarks (another run of this one
+    too, but not this process or a wrapper of it), pytest, wrk."""
+    me = f"bench/{Path(sys.argv[0]).name}"
+    found = set()
+    for p in psutil.process_iter(["pid", "name", "cmdline"]):
+        if p.info["pid"] == os.getpid() or p.info.get("name") == "timeout":
+            continue
+        for m in OTHER_LOAD.finditer(" ".join(p.info.get("cmdline") or [])):
+            if m.group(0) != me:
+                found.add(m.group(0).lstrip("/"))
+    return found
+
+
+def wait_for_other_load(max_wait: float, what: str) -> None:
+    """Wait (polling every 10 s) until no other benchmark, test run or wrk is running."""
+    busy = other_load()
+    if not busy:
+        return
+    log(f"{what}: waiting up to {max_wait:.0f} s for {', '.join(sorted(busy))} to finish")
+    deadline = time.monotonic() + max_wait
+    while busy and time.monotonic() < deadline:
+        time.sleep(10.0)
+        busy = other_load()
+    if busy:
+        log(f"WARNING: still running: {', '.join(sorted(busy))}; measuring anyway")
+
+
 # ------------------------------------------------------------------------------ options
 
 
@@ -887,6 +1491,82 @@ def add_trainyard_args(
         default=start_timeout,
         help="longest wait for a server to answer after starting it",
     )
+
+
+def add_run_under_load_args(p: argparse.ArgumentParser, *, load: str, baseline: float) -> None:
+    """The options of a benchmark that loads the API while a run trains (``load`` names
+    the load in the help: "pollers", "watchers"); :func:`resolve_pin` after parsing."""
+    p.add_argument(
+        "--baseline",
+        type=float,
+        default=baseline,
+        help=f"seconds without {load} before and after the phase with them",
+    )
+    p.add_argument(
+        "--warmup", type=float, default=20.0, help="seconds of training before the first phase"
+    )
+    p.add_argument(
+        "--api-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra environment for the API and worker (e.g. TRAINYARD_DB_POOL_SIZE=20)",
+    )
+    p.add_argument(
+        "--pin",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="the worker on the first CPU, the rest on the others (default: on with ≤ 4 CPUs)",
+    )
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="OMP_NUM_THREADS for the worker (0: torch's default, one per core)",
+    )
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=30_000,
+        help="the run's max_steps; it is cancelled once measured",
+    )
+    p.add_argument("--model", type=Path, help="tiny model folder (default: built in a temp home)")
+    p.add_argument(
+        "--wait-others",
+        type=float,
+        default=900.0,
+        help="before each configuration, wait up to this long for other benchmarks, pytest"
+        " and wrk to finish",
+    )
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=2,
+        help="measure a configuration again (fresh run) when other load showed up during it",
+    )
+    p.add_argument(
+        "--vacuum-analyze",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="VACUUM (ANALYZE) the bench database after each warm-up, as autovacuum would"
+        " have (the planner otherwise plans for the empty tables of a fresh database)",
+    )
+    p.add_argument("--keep", action="store_true", help="keep the database and the temp home")
+
+
+def resolve_pin(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--pin``'s default: on with 2 to 4 CPUs (where the worker would share the API's)."""
+    n_cpus = len(os.sched_getaffinity(0))
+    if args.pin is None:
+        args.pin = 2 <= n_cpus <= 4
+    if args.pin and n_cpus < 2:
+        p.error("--pin needs at least 2 CPUs")
+
+
+def pin_cpus(args: argparse.Namespace) -> tuple[set[int], set[int]] | None:
+    """With ``--pin``: (the worker's CPU, everyone else's CPUs)."""
+    all_cpus = sorted(os.sched_getaffinity(0))
+    return ({all_cpus[0]}, set(all_cpus[1:])) if args.pin else None
 
 
 # --------------------------------------------------------------------------------- report

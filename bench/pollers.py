@@ -33,10 +33,8 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
-import itertools
 import json
 import math
-import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
 import platform
@@ -44,47 +42,61 @@ import random
 import re
 import resource
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import common
 import httpx
-import psutil
 from common import (
     OUT,
+    PG_REFUSED,
     REPO,
-    TERMINAL,
     BenchError,
+    ClientFleet,
+    Phase,
+    Pinner,
     RawHTTP,
+    Roles,
+    RunUnderLoad,
     Server,
-    Trainyard,
     TransportError,
     add_output_arg,
+    add_run_under_load_args,
     add_trainyard_args,
+    assign_steps,
+    bench_query,
     clear_redis_prefix,
     command_line,
-    cpu_seconds,
+    comparison,
+    cpu_usage,
     drop_database,
     fmt_ms,
+    fmt_pct,
     letters_run,
     loadavg,
     log,
     machine_description,
+    model_for,
     package_versions,
     pg_query,
-    run_checked,
+    pin_cpus,
+    quantile,
+    render_cpu,
+    render_steps,
+    resolve_pin,
+    snapshot,
     stop_on_exit,
-    torch_thread_env,
     trainyard_version,
     utc_now,
+    verdict,
+    wait_for_other_load,
     wait_for_quiet,
+    watch,
     write_section,
 )
 
@@ -99,11 +111,6 @@ ENDPOINT_PATHS = {
 }
 TARGET_P99_MS = 50.0
 TARGET_SLOWDOWN = 0.10
-STEP_METRIC = "step_seconds"  # workers/pipeline/training.py: on_step_begin → the step's log
-# Other benchmarks whose load would pollute the numbers (warned about, named in the report).
-# Other load that would pollute the numbers on a small machine: other benchmarks, test runs,
-# load generators. Waited for before each configuration, watched during it.
-OTHER_LOAD = re.compile(r"bench/(?!pollers\.py)\w+\.py|\bpytest\b|(?:^|/)wrk\b")
 
 
 # ---------------------------------------------------------------------------- the pollers
@@ -128,6 +135,7 @@ class PollerConfig:
     timeout: float
     seed: int
     client: str  # "raw" (RawHTTP) or "httpx"
+    conditional: bool = False  # If-None-Match with the ETag of the URL's last answer
 
 
 @dataclasses.dataclass
@@ -147,25 +155,6 @@ class PollerResult:
     wall_seconds: float
 
 
-def poller_process(cfg: PollerConfig, conn: mpc.Connection) -> None:
-    """Entry point of a client process: report ready, wait for the start time, poll, report."""
-    try:
-        import uvloop
-
-        factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
-    except ImportError:  # pragma: no cover - uvloop comes with the API's dependencies
-        factory = None
-    try:
-        with asyncio.Runner(loop_factory=factory) as runner:
-            # A plain dict: the class lives in __mp_main__ here, which the parent lacks.
-            conn.send(dataclasses.asdict(runner.run(_poll(cfg, conn))))
-    except BaseException as e:  # the parent reports it
-        with contextlib.suppress(OSError):
-            conn.send(f"{type(e).__name__}: {e}")
-    finally:
-        conn.close()
-
-
 async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
     t_rec: array.array[float] = array.array("d")
     e_rec: array.array[int] = array.array("b")
@@ -173,6 +162,8 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
     s_rec: array.array[int] = array.array("h")
     lag: array.array[float] = array.array("d")
     errors: collections.Counter[str] = collections.Counter()
+    # The ETag of each poller's last answer per URL (events and metrics; the run has none).
+    tags: list[dict[str, bytes]] = [{} for _ in range(cfg.pollers)]
     shared = (
         httpx.AsyncClient(
             base_url=cfg.base_url,
@@ -191,23 +182,26 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
     ramp_at = start_at - cfg.ramp
     end_at = start_at + cfg.duration
 
-    async def fetch(raw: RawHTTP | None, target: str) -> tuple[int, bytes]:
+    async def fetch(raw: RawHTTP | None, target: str, tag: bytes) -> tuple[int, bytes, bytes]:
         if raw is not None:
-            return await raw.get(target)
+            return await raw.request(target, b"If-None-Match: " + tag + b"\r\n" if tag else b"")
         assert shared is not None
         try:
-            r = await shared.get(target)
+            r = await shared.get(target, headers={"If-None-Match": tag.decode()} if tag else None)
         except httpx.HTTPError as e:
             raise TransportError(type(e).__name__) from e
-        return r.status_code, r.content
+        return r.status_code, r.headers.get("etag", "").encode(), r.content
 
-    async def get(raw: RawHTTP | None, i: int, target: str) -> Any:
-        """GET ``target``; records it when it starts inside the window; the decoded JSON of
-        a 200, else None."""
+    async def get(raw: RawHTTP | None, n: int, i: int, target: str) -> Any:
+        """GET ``target`` (poller ``n``; conditional if ``cfg.conditional``); records it when
+        it starts inside the window; the decoded JSON of a 200, else None (a 304 too)."""
         wall = time.time()
         t0 = time.perf_counter()
+        mine = tags[n - cfg.first_index]
         try:
-            status, body = await fetch(raw, target)
+            status, tag, body = await fetch(raw, target, mine.get(target, b""))
+            if cfg.conditional and tag:
+                mine[target] = tag
         except TransportError as e:
             status, body = 0, b""
             if start_at <= wall < end_at:
@@ -218,7 +212,7 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
             e_rec.append(i)
             ms_rec.append(elapsed)
             s_rec.append(status)
-            if status and not 200 <= status < 300:
+            if status and not answered(status):
                 errors[f"{ENDPOINTS[i]}: HTTP {status}"] += 1
         return json.loads(body) if status == 200 else None
 
@@ -244,13 +238,13 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
                     return
                 if start_at <= began and cfg.interval > 0:
                     lag.append((began - next_at) * 1e3)
-                run = await get(raw, 0, run_path)
+                run = await get(raw, n, 0, run_path)
                 if run is not None:
                     step = int(run.get("step") or 0)
                 query: list[tuple[str, str | int]] = [("limit", cfg.events_limit)]
                 if cursor:
                     query.append(("after", cursor))
-                page = await get(raw, 1, f"{run_path}/events?{urllib.parse.urlencode(query)}")
+                page = await get(raw, n, 1, f"{run_path}/events?{urllib.parse.urlencode(query)}")
                 # Tail the log: move on only past full pages (the rest is re-read, up to a
                 # page, until it fills), as a client without its own cursor would.
                 if page is not None and page.get("has_more") and page.get("next_cursor"):
@@ -258,7 +252,7 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
                 query = list(names)
                 if cfg.metrics_window > 0:
                     query.append(("step_min", max(0, step - cfg.metrics_window + 1)))
-                await get(raw, 2, f"{run_path}/metrics?{urllib.parse.urlencode(query)}")
+                await get(raw, n, 2, f"{run_path}/metrics?{urllib.parse.urlencode(query)}")
                 next_at = max(next_at + cfg.interval, time.time()) if cfg.interval > 0 else 0.0
         finally:
             if raw is not None:
@@ -292,280 +286,61 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
     )
 
 
-class PollerFleet:
-    """The client processes; started, synchronised, collected and, if need be, killed."""
+class PollerFleet(ClientFleet):
+    """The pollers, spread over ``--client-procs`` client processes."""
+
+    what = "poller process"
 
     def __init__(
-        self, args: argparse.Namespace, base_url: str, key: str, run_id: str, duration: float
+        self,
+        args: argparse.Namespace,
+        base_url: str,
+        key: str,
+        run_id: str,
+        duration: float,
+        *,
+        conditional: bool = False,
     ) -> None:
-        self.args = args
-        self.procs: list[Any] = []
-        self.conns: list[mpc.Connection] = []
-        ctx = mp.get_context("spawn")  # no fork: the harness has threads (the pinner)
+        self.ramp = args.ramp
         n_procs = max(1, min(args.client_procs, args.pollers))
         share, extra = divmod(args.pollers, n_procs)
         conns_share, conns_extra = divmod(args.connections, n_procs)
+        configs = []
         first = 0
         for k in range(n_procs):
             n = share + (1 if k < extra else 0)
-            cfg = PollerConfig(
-                base_url=base_url,
-                key=key,
-                run_id=run_id,
-                pollers=n,
-                first_index=first,
-                connections=max(1, conns_share + (1 if k < conns_extra else 0)),
-                interval=args.interval,
-                ramp=args.ramp,
-                duration=duration,
-                events_limit=args.events_limit,
-                metric_names=args.metric_names,
-                metrics_window=args.metrics_window,
-                timeout=args.request_timeout,
-                seed=args.seed,
-                client=args.client,
+            configs.append(
+                PollerConfig(
+                    base_url=base_url,
+                    key=key,
+                    run_id=run_id,
+                    pollers=n,
+                    first_index=first,
+                    connections=max(1, conns_share + (1 if k < conns_extra else 0)),
+                    interval=args.interval,
+                    ramp=args.ramp,
+                    duration=duration,
+                    events_limit=args.events_limit,
+                    metric_names=args.metric_names,
+                    metrics_window=args.metrics_window,
+                    timeout=args.request_timeout,
+                    seed=args.seed,
+                    client=args.client,
+                    conditional=conditional,
+                )
             )
             first += n
-            parent, child = ctx.Pipe(duplex=True)
-            proc = ctx.Process(target=poller_process, args=(cfg, child), daemon=True)
-            proc.start()
-            child.close()
-            self.procs.append(proc)
-            self.conns.append(parent)
+        super().__init__(_poll, configs)
 
-    @property
-    def pids(self) -> list[int]:
-        return [p.pid for p in self.procs if p.pid is not None]
-
-    def _recv(self, conn: mpc.Connection, deadline: float, what: str) -> Any:
-        if not conn.poll(max(0.0, deadline - time.monotonic())):
-            raise BenchError(f"a poller process did not {what} in time")
-        try:
-            msg = conn.recv()
-        except EOFError as e:
-            raise BenchError(f"a poller process exited before it could {what}") from e
-        if isinstance(msg, str) and msg != "ready":
-            raise BenchError(f"a poller process failed: {msg}")
-        return msg
-
-    def start(self, ready_timeout: float) -> float:
+    def start(self, ready_timeout: float, lead: float | None = None) -> float:
         """Wait until every process is ready; returns the start of the measured window."""
-        deadline = time.monotonic() + ready_timeout
-        for conn in self.conns:
-            self._recv(conn, deadline, "start")
-        start_at = time.time() + 0.5 + self.args.ramp
-        for conn in self.conns:
-            conn.send(start_at)
-        return start_at
+        return super().start(ready_timeout, 0.5 + self.ramp if lead is None else lead)
 
     def collect(self, timeout: float) -> list[PollerResult]:
-        deadline = time.monotonic() + timeout
-        results = [PollerResult(**self._recv(conn, deadline, "report")) for conn in self.conns]
-        for proc in self.procs:
-            proc.join(timeout=10)
-        return results
-
-    def kill(self) -> None:
-        for proc in self.procs:
-            with contextlib.suppress(Exception):
-                if proc.is_alive():
-                    proc.kill()
-                proc.join(timeout=5)
-        for conn in self.conns:
-            with contextlib.suppress(OSError):
-                conn.close()
+        return [PollerResult(**r) for r in super().collect(timeout)]
 
 
 # ------------------------------------------------------------------- pinning, cpu accounting
-
-
-BACKEND = re.compile(r"^postgres: .*? (\S+) (?:\d[\d.]*|\[[0-9a-f:]+\]|[0-9a-f:]+)\((\d+)\)")
-
-
-def tree(pid: int, recursive: bool = True) -> list[psutil.Process]:
-    with contextlib.suppress(psutil.Error):
-        root = psutil.Process(pid)
-        return [root, *(root.children(recursive=True) if recursive else [])]
-    return []
-
-
-class BackendScanner:
-    """PostgreSQL backends connected to one database over TCP: pid -> the client's port,
-    from the process title (``postgres: 15/main: USER DB HOST(PORT) STATE``). A backend's
-    database and client never change, so each process is read once; titles that may still
-    change (a just-forked backend, PostgreSQL's own processes) are read again every time."""
-
-    def __init__(self, db_name: str) -> None:
-        self.db_name = db_name
-        self.known: dict[int, int | None] = {}
-
-    def scan(self) -> dict[int, int]:
-        pids = set(psutil.pids())
-        self.known = {pid: v for pid, v in self.known.items() if pid in pids}
-        for pid in pids - self.known.keys():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    title = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-            except OSError:
-                continue
-            m = BACKEND.match(title)
-            if m:
-                self.known[pid] = int(m.group(2)) if m.group(1) == self.db_name else None
-            elif "postgres" not in title:
-                self.known[pid] = None
-        return {pid: port for pid, port in self.known.items() if port is not None}
-
-
-def client_ports(pids: Iterable[int], pg_port: int) -> set[int]:
-    """Local ports of these processes' TCP connections to PostgreSQL."""
-    ports: set[int] = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            for c in psutil.Process(pid).net_connections(kind="tcp"):
-                if c.raddr and c.raddr.port == pg_port and c.laddr:
-                    ports.add(c.laddr.port)
-    return ports
-
-
-class Roles:
-    """The processes this script started, by role, and the database backends serving them."""
-
-    def __init__(self, db_name: str, pg_port: int) -> None:
-        self.db_name = db_name
-        self.pg_port = pg_port
-        self.roots: dict[str, list[int]] = {"worker": [], "api": [], "pollers": []}
-        self.lock = threading.Lock()
-        self.scanner = BackendScanner(db_name)
-        self.scan_lock = threading.Lock()
-
-    def pids(self, role: str) -> list[int]:
-        with self.lock:
-            roots = list(self.roots[role])
-        return [p.pid for r in roots for p in tree(r)]
-
-    def backends(self) -> dict[int, str]:
-        """Backends of the bench database -> ``worker`` or ``api`` (anything not the
-        worker's: the API's pools and this script's own short queries)."""
-        worker_ports = client_ports(self.pids("worker"), self.pg_port)
-        with self.scan_lock:
-            found = self.scanner.scan()
-        return {pid: "worker" if port in worker_ports else "api" for pid, port in found.items()}
-
-
-class Pinner(threading.Thread):
-    """Every ``every`` s, puts each thread of our processes on its CPUs: the worker and its
-    backends on ``worker_cpus``, the API, its backends, the pollers and this script on
-    ``api_cpus``. ``unpin()`` gives them all CPUs back. PostgreSQL's shared processes
-    (postmaster, WAL writer, checkpointer, autovacuum), Redis and other people's processes
-    are left alone."""
-
-    def __init__(
-        self, roles: Roles, worker_cpus: set[int], api_cpus: set[int], every: float = 0.5
-    ) -> None:
-        super().__init__(name="pinner", daemon=True)
-        self.roles = roles
-        self.all_cpus = set(os.sched_getaffinity(0))
-        self.worker_cpus = worker_cpus
-        self.api_cpus = api_cpus
-        self.every = every
-        self.active = False
-        self.stopping = threading.Event()
-
-    @staticmethod
-    def _set(pid: int, cpus: set[int]) -> None:
-        with contextlib.suppress(OSError):
-            for name in os.listdir(f"/proc/{pid}/task"):
-                with contextlib.suppress(OSError):
-                    if os.sched_getaffinity(int(name)) != cpus:
-                        os.sched_setaffinity(int(name), cpus)
-
-    def apply(self) -> None:
-        worker = self.worker_cpus if self.active else self.all_cpus
-        api = self.api_cpus if self.active else self.all_cpus
-        for pid in self.roles.pids("worker"):
-            self._set(pid, worker)
-        for pid in [*self.roles.pids("api"), *self.roles.pids("pollers"), os.getpid()]:
-            self._set(pid, api)
-        for pid, role in self.roles.backends().items():
-            self._set(pid, worker if role == "worker" else api)
-
-    def pin(self) -> None:
-        self.active = True
-        self.apply()
-
-    def unpin(self) -> None:
-        self.active = False
-        self.apply()
-
-    def run(self) -> None:
-        while not self.stopping.wait(self.every):
-            with contextlib.suppress(Exception):  # a process that just exited, etc.
-                self.apply()
-
-    def stop(self) -> None:
-        self.stopping.set()
-        if self.is_alive():
-            self.join(timeout=5)
-        with contextlib.suppress(Exception):
-            self.unpin()
-
-
-@dataclasses.dataclass
-class CpuSnapshot:
-    t: float
-    machine: Any
-    per_cpu: list[Any]
-    procs: dict[str, float]
-    backends: dict[int, tuple[str, float]]
-
-
-def snapshot(roles: Roles) -> CpuSnapshot:
-    backends: dict[int, tuple[str, float]] = {}
-    for pid, role in roles.backends().items():
-        with contextlib.suppress(psutil.Error):
-            t = psutil.Process(pid).cpu_times()
-            backends[pid] = (role, t.user + t.system)
-    me = psutil.Process().cpu_times()
-    return CpuSnapshot(
-        t=time.monotonic(),
-        machine=psutil.cpu_times(),
-        per_cpu=psutil.cpu_times(percpu=True),
-        procs={
-            "worker": cpu_seconds(*roles.roots["worker"]),
-            "api": cpu_seconds(*roles.roots["api"]),
-            "harness": me.user + me.system,
-        },
-        backends=backends,
-    )
-
-
-def busy_seconds(before: Any, after: Any) -> tuple[float, float]:
-    """(busy, total) CPU seconds between two psutil.cpu_times() readings."""
-    total = sum(getattr(after, k) - getattr(before, k) for k in before._fields)
-    idle = (after.idle - before.idle) + (getattr(after, "iowait", 0) - getattr(before, "iowait", 0))
-    return total - idle, total
-
-
-def cpu_usage(a: CpuSnapshot, b: CpuSnapshot, pollers_cpu: float = 0.0) -> dict[str, float]:
-    """% of one core per consumer between two snapshots, plus each CPU's busy %."""
-    wall = max(b.t - a.t, 1e-9)
-    out = {k: 100 * (b.procs[k] - a.procs[k]) / wall for k in b.procs}
-    for role in ("worker", "api"):
-        used = sum(
-            cpu - (a.backends[pid][1] if pid in a.backends else 0.0)
-            for pid, (r, cpu) in b.backends.items()
-            if r == role
-        )
-        out[f"pg_{role}"] = 100 * used / wall
-    out["pollers"] = 100 * pollers_cpu / wall
-    busy, total = busy_seconds(a.machine, b.machine)
-    ours = sum(out.values()) / 100 * wall
-    out["other"] = max(0.0, 100 * (busy - ours) / wall)
-    for i, (x, y) in enumerate(zip(a.per_cpu, b.per_cpu, strict=False)):
-        cb, ct = busy_seconds(x, y)
-        out[f"cpu{i}_busy"] = 100 * cb / ct if ct > 0 else float("nan")
-    out["machine_busy"] = 100 * busy / total if total > 0 else float("nan")
-    return out
 
 
 # ---------------------------------------------------------------------------- the services
@@ -579,153 +354,13 @@ def run_body(args: argparse.Namespace, model: Path) -> dict[str, Any]:
     )
 
 
-PG_REFUSED: collections.Counter[str] = collections.Counter()  # harness connections refused
-
-
-def bench_query(url: str, sql: str, tries: int = 20) -> list[str | None]:
-    """pg_query on the bench database, retried while PostgreSQL refuses new connections
-    (``too many clients``: the API's pools may hold them all; that is counted and reported)."""
-    for attempt in range(tries):
-        try:
-            return pg_query(url, sql)
-        except BenchError as e:
-            if "too many clients" not in str(e) or attempt == tries - 1:
-                raise
-            PG_REFUSED["too many clients"] += 1
-            time.sleep(0.5)
-    raise AssertionError("unreachable")
-
-
-class Services(Trainyard):
-    """A fresh bench database, the API, one worker, an API key; what the phases need."""
-
-    def __init__(self, args: argparse.Namespace, servers: list[Server], home: Path) -> None:
-        super().__init__(
-            args,
-            name="pollers",
-            db_name=DB_NAME,
-            servers=servers,
-            home=home,
-            env={
-                # Measure the API under load, not its limits: one key makes every request.
-                "TRAINYARD_RATE_LIMIT_PER_SECOND": "0",
-                "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": "0",
-                **torch_thread_env(args.torch_threads),
-                **dict(item.partition("=")[::2] for item in args.api_env),
-            },
-        )
-        self.args = args
-
-    def run_state(self, run_id: str) -> tuple[str, int, str | None]:
-        row = bench_query(
-            self.db_url,
-            "SELECT json_build_object('status', status, 'step', step, 'error', error)::text"
-            f" FROM runs WHERE id = '{run_id}'",
-        )
-        if not row or row[0] is None:
-            raise BenchError(f"run {run_id} not found in {DB_NAME}")
-        state = json.loads(row[0])
-        return str(state["status"]), int(state["step"] or 0), state.get("error")
-
-    def check(self, run_id: str) -> int:
-        """The run's step; raises if the worker died or the run ended."""
-        assert self.worker is not None
-        self.worker.check_alive()
-        status, step, error = self.run_state(run_id)
-        if status in TERMINAL:
-            raise BenchError(
-                f"run {run_id} ended {status} at step {step} during the measurement"
-                f" ({error or 'raise --max-steps'}); worker log: {self.worker.log_path}"
-            )
-        return step
-
-    def wait_for_step(self, run_id: str, step: int, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while self.check(run_id) < step:
-            if time.monotonic() > deadline:
-                raise BenchError(
-                    f"run {run_id} did not reach step {step} within {timeout:.0f} s; worker"
-                    f" log {self.worker.log_path if self.worker else '?'}"
-                )
-            time.sleep(0.5)
-
-    def cancel_and_wait(self, run_id: str, timeout: float = 60.0) -> str:
-        """Cancel the run; its status once it ended (or after ``timeout`` s)."""
-        self.cancel(run_id)
-        deadline = time.monotonic() + timeout
-        status = self.run_state(run_id)[0]
-        while status not in TERMINAL and time.monotonic() < deadline:
-            time.sleep(0.5)
-            status = self.run_state(run_id)[0]
-        return status
-
-    def step_seconds(self, run_id: str) -> dict[int, float]:
-        """The run's own per-step time (GET /runs/{id}/metrics, the worker's clock)."""
-        return dict(self.metrics(run_id, STEP_METRIC).get(STEP_METRIC, []))
-
-    def step_events(self, run_id: str) -> dict[int, float]:
-        """When each step's `step` event was written (epoch s, the database clock)."""
-        row = bench_query(
-            self.db_url,
-            "SELECT coalesce(json_object_agg((data->>'step'), extract(epoch FROM created_at)),"
-            f" '{{}}')::text FROM run_events WHERE run_id = '{run_id}' AND type = 'step'",
-        )
-        raw = json.loads(row[0] or "{}") if row else {}
-        return {int(k): float(v) for k, v in raw.items()}
-
-
 # ------------------------------------------------------------------------------- the phases
-
-
-@dataclasses.dataclass
-class Phase:
-    config: str  # "pinned" / "unpinned"
-    name: str  # "before" / "with pollers" / "after"
-    start: float  # epoch s
-    end: float
-    cpu: dict[str, float]
-    loadavg: tuple[float, float, float]
-    polls: list[PollerResult] = dataclasses.field(default_factory=list)
-    steps: dict[str, float] = dataclasses.field(default_factory=dict)
-    db: dict[str, float] = dataclasses.field(default_factory=dict)
-    overlap: set[str] = dataclasses.field(default_factory=set)  # other load seen meanwhile
-
-
-def idle_phase(
-    config: str, name: str, seconds: float, services: Services, roles: Roles, run_id: str
-) -> Phase:
-    log(f"{config}: {name}, {seconds:g} s without pollers")
-    sessions = db_sessions(services)
-    a = snapshot(roles)
-    start = time.time()
-    seen = watch(start + seconds, services, run_id)
-    b = snapshot(roles)
-    return Phase(
-        config,
-        name,
-        start,
-        time.time(),
-        cpu_usage(a, b),
-        loadavg(),
-        db={**db_probe(services, run_id), "sessions_start": sessions},
-        overlap=seen,
-    )
-
-
-def watch(until: float, services: Services, run_id: str) -> set[str]:
-    """Sleep until ``until`` (epoch s), checking the run and noting other load every 2 s."""
-    seen: set[str] = set()
-    while (now := time.time()) < until:
-        time.sleep(min(2.0, until - now))
-        services.check(run_id)
-        seen |= other_load()
-    return seen
 
 
 def poller_phase(
     config: str,
     args: argparse.Namespace,
-    services: Services,
+    services: RunUnderLoad,
     roles: Roles,
     pinner: Pinner | None,
     run_id: str,
@@ -733,20 +368,24 @@ def poller_phase(
     name: str = "with pollers",
     duration: float | None = None,
     profile: bool = False,
+    conditional: bool = False,
 ) -> Phase:
     """Pollers for ``duration`` s (default --duration); with ``profile``, py-spy on every API
-    worker process for the same window (its raw stacks go to bench/out/)."""
+    worker process for the same window (its raw stacks go to bench/out/); ``conditional``:
+    each sends the ETag of its last answer to a URL as ``If-None-Match`` (bench/watchers.py)."""
     assert services.api is not None
     duration = duration or args.duration
     log(
         f"{config}: {name}, {args.pollers} pollers in {args.client_procs} process(es),"
         f" every {args.interval:g} s, {duration:g} s (+{args.ramp:g} s ramp)"
     )
-    fleet = PollerFleet(args, services.base_url, services.key, run_id, duration)
+    fleet = PollerFleet(
+        args, services.base_url, services.key, run_id, duration, conditional=conditional
+    )
     spies: list[subprocess.Popen[bytes]] = []
     try:
         with roles.lock:
-            roles.roots["pollers"] = fleet.pids
+            roles.roots["clients"] = fleet.pids
         if pinner is not None:
             pinner.apply()
         start_at = fleet.start(ready_timeout=args.start_timeout)
@@ -769,7 +408,7 @@ def poller_phase(
                 spy.kill()
                 spy.wait()
         with roles.lock:
-            roles.roots["pollers"] = []
+            roles.roots["clients"] = []
     cpu = cpu_usage(a, b, sum(r.cpu_seconds for r in results))
     return Phase(
         config,
@@ -784,11 +423,21 @@ def poller_phase(
     )
 
 
+def idle_phase(
+    config: str, name: str, seconds: float, services: RunUnderLoad, roles: Roles, run_id: str
+) -> Phase:
+    """common.idle_phase, with the database probe at its end."""
+    sessions = db_sessions(services)
+    phase = common.idle_phase(config, name, seconds, services, roles, run_id)
+    phase.db = {**db_probe(services, run_id), "sessions_start": sessions}
+    return phase
+
+
 PYSPY_RATE = 100
 HANDLERS = {"get_run": "run", "list_run_events": "events", "get_run_metrics": "metrics"}
 
 
-def start_profilers(services: Services, roles: Roles, duration: float) -> list[Any]:
+def start_profilers(services: RunUnderLoad, roles: Roles, duration: float) -> list[Any]:
     """py-spy on each API worker process (not uvicorn's supervisor), CPU samples only."""
     pyspy = shutil.which("py-spy", path=str(REPO / ".venv" / "bin")) or shutil.which("py-spy")
     if not pyspy:
@@ -807,7 +456,7 @@ def start_profilers(services: Services, roles: Roles, duration: float) -> list[A
         spies.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT))
         log_file.close()
     with roles.lock:  # py-spy runs beside the API: on its CPUs when pinned
-        roles.roots["pollers"] = [*roles.roots["pollers"], *(s.pid for s in spies)]
+        roles.roots["clients"] = [*roles.roots["clients"], *(s.pid for s in spies)]
     return spies
 
 
@@ -883,53 +532,34 @@ def profile_summary(paths: list[Path]) -> dict[str, Any]:
     }
 
 
-def assign_steps(phases: list[Phase], seconds: dict[int, float], ends: dict[int, float]) -> None:
-    """Each step whose whole span (its `step` event minus its step_seconds → the event)
-    falls inside a phase belongs to it; steps across a boundary belong to none."""
-    for ph in phases:
-        inside = sorted(
-            s for s, t in ends.items() if s in seconds and t - seconds[s] >= ph.start and t < ph.end
-        )
-        values = [seconds[s] for s in inside]
-        gaps = [ends[b] - ends[a] for a, b in itertools.pairwise(inside) if b == a + 1]
-        ph.steps = {
-            "count": len(values),
-            "first": inside[0] if inside else 0,
-            "last": inside[-1] if inside else 0,
-            "median": statistics.median(values) if values else float("nan"),
-            "mean": statistics.fmean(values) if values else float("nan"),
-            "p90": quantile(values, 0.90),
-            "interval_median": statistics.median(gaps) if gaps else float("nan"),
-            "steps_per_s": len(values) / max(ph.end - ph.start, 1e-9),
-        }
-
-
 # ----------------------------------------------------------------------------- statistics
 
 
-def quantile(values: list[float], q: float) -> float:
-    """The q-quantile by the nearest-rank method (what a latency SLO means by p99)."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+def answered(status: int) -> bool:
+    """A 2xx, or the 304 of a conditional GET."""
+    return 200 <= status < 300 or status == 304
 
 
 def latency_stats(results: list[PollerResult]) -> dict[str, dict[str, float]]:
-    """Per endpoint and overall: requests, req/s, p50/p95/p99/max (ms), errors."""
+    """Per endpoint and overall: requests, req/s, p50/p95/p99/max (ms), errors, 304s."""
     per: dict[str, list[float]] = {e: [] for e in ENDPOINTS}
     errs: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
+    not_modified: dict[str, int] = dict.fromkeys(ENDPOINTS, 0)
     for r in results:
         for i, ms, status in zip(r.endpoint, r.ms, r.status, strict=True):
             if status:  # a response (errors among them); transport errors have no latency
                 per[ENDPOINTS[i]].append(ms)
-            if not 200 <= status < 300:
+            if not answered(status):
                 errs[ENDPOINTS[i]] += 1
+            elif status == 304:
+                not_modified[ENDPOINTS[i]] += 1
     seconds = max((r.end - r.start for r in results), default=1.0)
     out: dict[str, dict[str, float]] = {}
     for name, values in [*per.items(), ("all", [v for vs in per.values() for v in vs])]:
         errors = sum(errs.values()) if name == "all" else errs[name]
+        n304 = sum(not_modified.values()) if name == "all" else not_modified[name]
         out[name] = {
+            "not_modified": n304,
             "requests": len(values),
             "rps": len(values) / seconds,
             "p50": quantile(values, 0.50),
@@ -953,22 +583,10 @@ def slow_seconds(results: list[PollerResult], threshold_ms: float) -> list[tuple
     return sorted((s, slow[s], total[s]) for s in slow)
 
 
-def comparison(phases: list[Phase]) -> dict[str, float]:
-    by = {p.name: p for p in phases}
-    before, during, after = (by[n].steps["median"] for n in ("before", "with pollers", "after"))
-    base = statistics.fmean([before, after])
-    return {
-        "baseline_median_s": base,
-        "with_median_s": during,
-        "slowdown": during / base - 1 if base else float("nan"),
-        "drift": after / before - 1 if before else float("nan"),
-    }
-
-
 # ---------------------------------------------------------------------------------- database
 
 
-def run_lookup_sql(services: Services, run_id: str) -> str:
+def run_lookup_sql(services: RunUnderLoad, run_id: str) -> str:
     """The statement GET /runs/{id} runs (app/runs/repository.py), parameters written out."""
     from app.runs.repository import PUBLIC_COLUMNS
 
@@ -976,7 +594,7 @@ def run_lookup_sql(services: Services, run_id: str) -> str:
     return f"SELECT {PUBLIC_COLUMNS} FROM runs WHERE id = '{run_id}' AND project_id = '{project}'"
 
 
-def db_sessions(services: Services) -> float:
+def db_sessions(services: RunUnderLoad) -> float:
     """Connections opened to the bench database so far (pg_stat_database.sessions)."""
     row = bench_query(
         services.db_url,
@@ -985,7 +603,7 @@ def db_sessions(services: Services) -> float:
     return float(row[0]) if row and row[0] is not None else float("nan")
 
 
-def db_probe(services: Services, run_id: str) -> dict[str, float]:
+def db_probe(services: RunUnderLoad, run_id: str) -> dict[str, float]:
     """At the end of a phase: what looking the run up costs PostgreSQL now (buffers, ms) and
     the state of the ``runs`` table (dead row versions, autovacuums, HOT updates so far)."""
     plan = "\n".join(
@@ -1013,7 +631,7 @@ def db_probe(services: Services, run_id: str) -> dict[str, float]:
 
 
 def endpoint_costs(
-    services: Services, roles: Roles, run_id: str, args: argparse.Namespace, n: int
+    services: RunUnderLoad, roles: Roles, run_id: str, args: argparse.Namespace, n: int
 ) -> dict[str, dict[str, float]]:
     """Each endpoint alone, one request at a time (keep-alive), once the run has stopped:
     latency without queueing, and the CPU the API and its PostgreSQL backends spend on one
@@ -1053,7 +671,7 @@ def endpoint_costs(
     return out
 
 
-def explain(services: Services, run_id: str, args: argparse.Namespace) -> dict[str, Any]:
+def explain(services: RunUnderLoad, run_id: str, args: argparse.Namespace) -> dict[str, Any]:
     """EXPLAIN ANALYZE of what each endpoint asks PostgreSQL, on the measured run's rows."""
     names = ", ".join("'" + n.replace("'", "''") + "'" for n in args.metric_names)
     step_min = max(0, services.run_state(run_id)[1] - args.metrics_window + 1)
@@ -1107,14 +725,6 @@ def explain(services: Services, run_id: str, args: argparse.Namespace) -> dict[s
 # ------------------------------------------------------------------------------------ report
 
 
-def fmt_pct(v: float) -> str:
-    return "n/a" if math.isnan(v) else f"{v:.0f}%"
-
-
-def verdict(ok: bool) -> str:
-    return "pass" if ok else "**fail**"
-
-
 def render_latency(stats: dict[str, dict[str, float]], args: argparse.Namespace) -> str:
     rows = [
         "| endpoint | requests | req/s | p50 | p95 | p99 | max | errors |",
@@ -1135,44 +745,6 @@ def render_latency(stats: dict[str, dict[str, float]], args: argparse.Namespace)
             f" {fmt_ms(s['p95'])} | {fmt_ms(s['p99'])} | {fmt_ms(s['max'])} |"
             f" {s['errors']:.0f} |"
         )
-    return "\n".join(rows)
-
-
-def render_steps(phases: list[Phase]) -> str:
-    rows = [
-        "| phase | window | steps | median step | p90 step | median step-to-step | steps/s |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
-    for p in phases:
-        s = p.steps
-        rows.append(
-            f"| {p.name} | {p.end - p.start:.0f} s | {s['count']:.0f} ({s['first']:.0f}–"
-            f"{s['last']:.0f}) | {fmt_ms(s['median'] * 1e3)} | {fmt_ms(s['p90'] * 1e3)} |"
-            f" {fmt_ms(s['interval_median'] * 1e3)} | {s['steps_per_s']:.2f} |"
-        )
-    return "\n".join(rows)
-
-
-def render_cpu(phases: list[Phase], n_cpus: int) -> str:
-    cols = [
-        ("worker", "worker"),
-        ("pg_worker", "its PG backends"),
-        ("api", "API"),
-        ("pg_api", "API's PG backends"),
-        ("pollers", "pollers"),
-        ("harness", "harness"),
-        ("other", "everything else"),
-    ]
-    head = " | ".join(c for _, c in cols)
-    cpu_cols = " | ".join(f"CPU {i} busy" for i in range(n_cpus))
-    rows = [
-        f"| phase | {head} | {cpu_cols} | loadavg 1 min |",
-        "|---|" + "---:|" * (len(cols) + n_cpus + 1),
-    ]
-    for p in phases:
-        vals = " | ".join(fmt_pct(p.cpu.get(k, float("nan"))) for k, _ in cols)
-        busy = " | ".join(fmt_pct(p.cpu.get(f"cpu{i}_busy", float("nan"))) for i in range(n_cpus))
-        rows.append(f"| {p.name} | {vals} | {busy} | {p.loadavg[0]:.2f} |")
     return "\n".join(rows)
 
 
@@ -1289,7 +861,7 @@ def render_explain(db: dict[str, Any]) -> list[str]:
 
 
 def config_results(phases: list[Phase], args: argparse.Namespace) -> dict[str, Any]:
-    polls = [r for p in phases for r in p.polls]
+    polls = [r for p in phases for r in p.clients]
     stats = latency_stats(polls)
     cmp_ = comparison(phases)
     lag = [v for r in polls for v in r.lag_ms]
@@ -1310,7 +882,7 @@ def config_results(phases: list[Phase], args: argparse.Namespace) -> dict[str, A
         "comparison": cmp_,
         "errors": {k: v for r in polls for k, v in r.errors.items()},
         "schedule_lag_ms": {"p50": quantile(lag, 0.5), "p99": quantile(lag, 0.99)},
-        "client_cpu_pct": during.cpu.get("pollers", float("nan")),
+        "client_cpu_pct": during.cpu.get("clients", float("nan")),
         "slow_seconds": slow_seconds(polls, TARGET_P99_MS),
         "targets": {
             "zero_errors": stats["all"]["errors"] == 0,
@@ -1376,7 +948,7 @@ def render_config(
         "CPU, % of one core over each phase (`everything else`: PostgreSQL's shared processes,"
         " Redis, and whatever else ran on the machine):",
         "",
-        render_cpu(phases, n_cpus),
+        render_cpu(phases, n_cpus, "pollers"),
         "",
         "PostgreSQL at the end of each phase (`EXPLAIN (ANALYZE, BUFFERS)` of the statement"
         " `GET /runs/{id}` runs; `pg_stat_user_tables`, whose counters lag by up to a few"
@@ -1578,15 +1150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--duration", type=float, default=60.0, help="seconds with pollers")
     p.add_argument("--pollers", type=int, default=200, help="concurrent pollers")
-    p.add_argument(
-        "--baseline",
-        type=float,
-        default=40.0,
-        help="seconds without pollers before and after the poller phase",
-    )
-    p.add_argument(
-        "--warmup", type=float, default=20.0, help="seconds of training before the first phase"
-    )
+    add_run_under_load_args(p, load="pollers", baseline=40.0)
     p.add_argument(
         "--interval",
         type=float,
@@ -1629,36 +1193,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--request-timeout", type=float, default=10.0, help="httpx time-out, s")
     p.add_argument("--api-workers", type=int, default=2, help="uvicorn worker processes")
     p.add_argument(
-        "--api-env",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="extra environment for the API and worker (e.g. TRAINYARD_DB_POOL_SIZE=20)",
-    )
-    p.add_argument(
-        "--pin",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="the worker on the first CPU, the rest on the others (default: on with ≤ 4 CPUs)",
-    )
-    p.add_argument(
         "--compare-unpinned",
         action="store_true",
         help="with --pin, measure the three phases again without pinning",
     )
-    p.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help="OMP_NUM_THREADS for the worker (0: torch's default, one per core)",
-    )
-    p.add_argument(
-        "--max-steps",
-        type=int,
-        default=30_000,
-        help="the run's max_steps; it is cancelled once measured",
-    )
-    p.add_argument("--model", type=Path, help="tiny model folder (default: built in a temp home)")
     add_trainyard_args(
         p,
         databases=f"database {DB_NAME} is",
@@ -1669,26 +1207,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add_output_arg(p, "pollers")
     p.add_argument("--seed", type=int, default=0, help="pollers' start offsets")
-    p.add_argument(
-        "--wait-others",
-        type=float,
-        default=900.0,
-        help="before each configuration, wait up to this long for other benchmarks, pytest"
-        " and wrk to finish",
-    )
-    p.add_argument(
-        "--retries",
-        type=int,
-        default=2,
-        help="measure a configuration again (fresh run) when other load showed up during it",
-    )
-    p.add_argument(
-        "--vacuum-analyze",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="VACUUM (ANALYZE) the bench database after each warm-up, as autovacuum would"
-        " have (the planner otherwise plans for the empty tables of a fresh database)",
-    )
     p.add_argument(
         "--profile",
         action="store_true",
@@ -1702,7 +1220,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=300,
         help="requests per endpoint for the one-at-a-time cost measurement at the end",
     )
-    p.add_argument("--keep", action="store_true", help="keep the database and the temp home")
     args = p.parse_args(argv)
     if args.pollers < 1 or args.duration <= 0 or args.baseline <= 0 or args.client_procs < 1:
         p.error("--pollers, --duration, --baseline and --client-procs must be positive")
@@ -1710,43 +1227,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.server_autovacuum = "?"  # read from the server in main()
     args.server_max_connections = "?"
     args.metric_names = [n.strip() for n in args.metric_names.split(",") if n.strip()]
-    n_cpus = len(os.sched_getaffinity(0))
-    if args.pin is None:
-        args.pin = 2 <= n_cpus <= 4
-    if args.pin and n_cpus < 2:
-        p.error("--pin needs at least 2 CPUs")
+    resolve_pin(p, args)
     if args.compare_unpinned and not args.pin:
         p.error("--compare-unpinned goes with --pin")
     args.configs = ["pinned", "unpinned"] if args.compare_unpinned else []
     if not args.configs:
         args.configs = ["pinned" if args.pin else "unpinned"]
     return args
-
-
-def other_load() -> set[str]:
-    """What else runs here that loads the machine: other benchmarks, pytest, wrk."""
-    found = set()
-    for p in psutil.process_iter(["pid", "name", "cmdline"]):
-        if p.info["pid"] == os.getpid() or p.info.get("name") == "timeout":
-            continue
-        m = OTHER_LOAD.search(" ".join(p.info.get("cmdline") or []))
-        if m:
-            found.add(m.group(0).lstrip("/"))
-    return found
-
-
-def wait_for_other_load(max_wait: float, what: str) -> None:
-    """Wait (polling every 10 s) until no other benchmark, test run or wrk is running."""
-    busy = other_load()
-    if not busy:
-        return
-    log(f"{what}: waiting up to {max_wait:.0f} s for {', '.join(sorted(busy))} to finish")
-    deadline = time.monotonic() + max_wait
-    while busy and time.monotonic() < deadline:
-        time.sleep(10.0)
-        busy = other_load()
-    if busy:
-        log(f"WARNING: still running: {', '.join(sorted(busy))}; measuring anyway")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1761,8 +1248,7 @@ def main(argv: list[str] | None = None) -> int:
     db: dict[str, Any] = {}
     versions: dict[str, str] = {"Trainyard": trainyard_version()}
     others: list[str] = []
-    all_cpus = sorted(os.sched_getaffinity(0))
-    cpus = ({all_cpus[0]}, set(all_cpus[1:])) if args.pin else None
+    cpus = pin_cpus(args)
     pg_port = urllib.parse.urlsplit(args.pg_url).port or 5432
     roles = Roles(DB_NAME, pg_port)
     run_ids: dict[str, str] = {}
@@ -1780,15 +1266,8 @@ def main(argv: list[str] | None = None) -> int:
             versions["Python"] = platform.python_version()
             wait_for_other_load(args.wait_others, "before starting")
             wait_for_quiet(args.settle_timeout)
-            model = args.model
-            if model is None:
-                model = home / "models" / "tiny-llama"
-                run_checked(
-                    [str(args.trainyard_bin), "tiny-model", str(model)],
-                    what="building the tiny model",
-                )
-            model = model.resolve()
-            services = Services(args, servers, home)
+            model = model_for(args, home)
+            services = RunUnderLoad(args, servers, home, name="pollers", db_name=DB_NAME)
             db_created = True
             services.start(
                 project="bench-pollers", api_workers=args.api_workers, timeout=args.start_timeout
@@ -1851,7 +1330,7 @@ def main(argv: list[str] | None = None) -> int:
                     profile = profile_summary(sorted(OUT.glob("pollers-profile-api-*.txt")))
                     profile.update(
                         config=config,
-                        latency=latency_stats(ph.polls)["all"],
+                        latency=latency_stats(ph.clients)["all"],
                         api_cpu_pct=ph.cpu["api"],
                     )
                 status = services.cancel_and_wait(run_id)

@@ -63,11 +63,11 @@ from common import (
     log,
     machine_busy,
     machine_description,
+    model_for,
     pg_json,
     pg_query,
     pg_url_for,
     redis_ping,
-    run_checked,
     run_to_end,
     start_server,
     stop_on_exit,
@@ -1364,15 +1364,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise BenchError(f"{args.trainyard_bin} not found: install the project first")
             versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
             redis_ping(args.redis_url)
-            model = args.model
-            if model is None:
-                model = home / "models" / ("tiny-llama-tools" if args.agent else "tiny-llama")
-                run_checked(
-                    [str(args.trainyard_bin), "tiny-model", str(model)]
-                    + (["--tools"] if args.agent else []),
-                    what="building the model",
-                )
-            model = model.resolve()
+            model = model_for(args, home, tools=args.agent)
             body = run_body(args, model, args.steps)
             run = resolved(body)
             prompts = planned_prompts(run)
