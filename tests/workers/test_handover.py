@@ -65,3 +65,37 @@ async def test_sigterm_hands_the_run_over_at_a_checkpoint_without_using_an_attem
     assert [s for s, _ in await series(sessionmaker, run["id"], "reward_mean")] == list(
         range(1, 31)
     )
+
+
+async def test_two_workers_on_shared_artifacts_the_survivor_resumes_a_killed_run(
+    client: Any,
+    tenant: Any,
+    sessionmaker: Any,
+    start_worker: Any,
+    tiny_model: Path,
+    worker_home: dict[str, str],
+) -> None:
+    """Both workers use one artifacts folder, as a fleet shares one: SIGKILL the one holding
+    the run, and the other finds its checkpoint there and resumes from it."""
+    workers = [start_worker(**worker_home), start_worker(**worker_home)]
+    body = letters_run(tiny_model, max_steps=30, grpo={"save_steps": 10})
+    run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
+    held = await wait_for(
+        sessionmaker,
+        run["id"],
+        lambda r: r.status == "training" and 12 <= r.step < 20,
+        within=180,
+        every=0.005,
+    )
+    owner = next(w for w in workers if held.lease_owner.endswith(f":{w.proc.pid}"))
+    owner.kill()  # SIGKILL: no handover, the lease runs out; checkpoint 10 is the last
+    done = await wait_for(
+        sessionmaker, run["id"], lambda r: r.status in {"completed", "failed"}, within=240
+    )
+    assert done.status == "completed", done.error
+    assert done.failures == 1
+    survivor = next(w for w in workers if w is not owner)
+    assert f"run {run['id']}: claimed (attempt 2)" in survivor.output()
+    (resumed,) = [e for e in await events(sessionmaker, run["id"]) if e.type == "resume"]
+    assert "step 10" in resumed.message
+    assert await trajectory_keys(sessionmaker, run["id"]) == letter_rows(30)
