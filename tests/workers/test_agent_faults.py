@@ -115,6 +115,10 @@ async def test_an_mcp_server_killed_mid_run_is_restarted_once_then_its_episodes_
             "type": "function",
             "functions": [{"name": "length_target", "args": {"target": 3}}],
         },
+        # Every step after the second kill drops all its episodes: by default the run would
+        # fail after 3 of them (grpo.max_dropped_steps, tests/chaos/test_judge_faults.py);
+        # this test is about the episodes, so it lets the run go on to its end.
+        grpo={"max_dropped_steps": 100},
     )
     worker = start_worker(**worker_home)
     run = (await client.post("/runs", json=body, headers=tenant.headers)).json()
