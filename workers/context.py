@@ -42,6 +42,15 @@ class HandOver(Exception):
     after its checkpoint, and goes back to the queue for another worker at once."""
 
 
+class AttemptEnded(Exception):
+    """This attempt at the run is over, not the run: it goes back to the queue at once, the
+    failure counted towards ``max_attempts``, and resumes from its last checkpoint on any
+    worker (a rank of its training died). ``due_now``: at once, or after the re-dispatch
+    interval (what failed may need a while to come back)."""
+
+    due_now = True
+
+
 # Set once, by the worker's warm shutdown (workers/tasks.py): every run this process drives
 # stops at its next step boundary and is handed over.
 SHUTTING_DOWN = threading.Event()
@@ -58,12 +67,16 @@ class RunContext:
         self._changed = asyncio.Event()
 
     # -- lease ---------------------------------------------------------------------------
+    async def lease_state(self) -> leases.LeaseState:
+        """Renew the lease; what the run's row says of it (raises LeaseLost if not ours)."""
+        async with self.runtime.session() as session:
+            return await leases.renew(
+                session, self.run_id, self.fence, ttl_seconds=self.settings.lease_ttl_seconds
+            )
+
     async def heartbeat_once(self) -> None:
         try:
-            async with self.runtime.session() as session:
-                state = await leases.renew(
-                    session, self.run_id, self.fence, ttl_seconds=self.settings.lease_ttl_seconds
-                )
+            state = await self.lease_state()
         except LeaseLost:
             prometheus.LEASE_RENEWALS_FAILED.labels("lost").inc()
             log.warning("run %s: lease lost; stopping", self.run_id)

@@ -23,7 +23,7 @@ from app.runs import leases
 from app.runs.models import Run
 from app.runs.state import LeaseLost, TransitionConflict
 from app.runs.status import RunStatus
-from workers.context import HandOver, RunContext, StopRequested
+from workers.context import AttemptEnded, HandOver, RunContext, StopRequested
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,9 @@ async def _drive(runtime: Runtime, run_id: uuid.UUID, pipeline: Pipeline) -> str
     except HandOver:
         await _hand_over(runtime, ctx)
         return "handed-over"
+    except AttemptEnded as ended:
+        await _give_back(runtime, ctx, ended)
+        return "attempt-ended"
     except LeaseLost:
         log.warning("run %s: lease lost; another worker owns it now", run_id)
         return "lease-lost"
@@ -117,6 +120,27 @@ async def _hand_over(runtime: Runtime, ctx: RunContext) -> None:
                 data={"step": step, "worker": ctx.fence.owner},
             )
     log.info("run %s: handed over (this worker is shutting down)", ctx.run_id)
+
+
+async def _give_back(runtime: Runtime, ctx: RunContext, ended: AttemptEnded) -> None:
+    """Back to the queue (at once, or after the re-dispatch interval), a failure counted: the
+    next claim resumes the run from its last checkpoint, or fails it once ``max_attempts``
+    are used up."""
+    log.warning("run %s: attempt %d ended: %s", ctx.run_id, ctx.fence.attempt, ended)
+    async with runtime.session() as session:
+        released = await leases.release(
+            session, ctx.run_id, ctx.fence, due_now=ended.due_now, failed=True
+        )
+        if released:
+            await events.append(
+                session,
+                ctx.run_id,
+                "attempt_ended",
+                f"attempt {ctx.fence.attempt} ended: {ended}; the run resumes from its last "
+                "checkpoint",
+                level="warning",
+                data={"attempt": ctx.fence.attempt, "reason": str(ended)},
+            )
 
 
 async def _settle(ctx: RunContext, dst: RunStatus, **kwargs: object) -> None:

@@ -168,7 +168,8 @@ NulFreeStr = Annotated[str, NUL_FREE, AfterValidator(_nul_free)]
 # An http(s) URL. One pattern that also refuses NUL, rather than a pattern on a NulFreeStr:
 # in an optional field pydantic writes only NulFreeStr's pattern into the document, so
 # clients (and the fuzzer) would not be told that the URL must start with http(s)://.
-HttpUrlStr = Annotated[str, Field(pattern=r"^https?://[^\x00]*$")]
+HTTP_URL_PATTERN = r"^https?://[^\x00]*$"
+HttpUrlStr = Annotated[str, Field(pattern=HTTP_URL_PATTERN)]
 StorableObject = Annotated[dict[str, Any], STORABLE_OBJECT, AfterValidator(_storable)]
 # In an answer: a stored free-form object, documented as what it holds (what StorableObject
 # let in, or what jsonable made storable) and served as it is, without a check.

@@ -30,6 +30,7 @@ RUN_EVENT_TYPES = (
     "checkpoint",
     "handover",
     "fork",
+    "attempt_ended",
 )
 RUN_EVENT_LEVELS = ("info", "warning", "error")
 

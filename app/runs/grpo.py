@@ -7,12 +7,13 @@ Mapped onto TRL's ``GRPOConfig`` by the training stage. The run's top-level
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
 from app.core.errors import inconsistent
-from app.core.storable import HttpUrlStr, NulFreeStr, RequestModel
+from app.core.storable import HTTP_URL_PATTERN, NulFreeStr, RequestModel
 from app.runs.environments import _no_repeats
 
 
@@ -38,6 +39,35 @@ class LoraSettings(RequestModel):
         if isinstance(self.target_modules, list) and "lm_head" in self.target_modules:
             raise ValueError("lm_head cannot be a LoRA target module (TRL refuses it)")
         return self
+
+
+_MAX_SERVERS = 64
+_ONE_URL = {"type": "string", "pattern": HTTP_URL_PATTERN, "maxLength": 500}
+_SERVER_URLS_SCHEMA = {
+    "anyOf": [
+        _ONE_URL,
+        {"type": "array", "items": _ONE_URL, "minItems": 1, "maxItems": _MAX_SERVERS},
+        {"type": "null"},
+    ]
+}
+
+
+class DistributedSettings(RequestModel):
+    num_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Training processes (ranks) on the worker, one per GPU: above 1 the "
+        "worker runs the training under `accelerate launch` (on a machine without GPUs: "
+        "that many CPU processes on gloo). Each rank generates and trains on its share of "
+        "the step's rollouts; rank 0 scores them all and writes to the database.",
+    )
+    accelerate_config: Literal["ddp", "zero2", "zero3", "zero3-offload"] = Field(
+        default="ddp",
+        description="The accelerate config the ranks are launched with, one of "
+        "configs/accelerate/: DDP, DeepSpeed ZeRO-2, ZeRO-3, or ZeRO-3 with the optimizer "
+        "and parameters offloaded to CPU memory (DeepSpeed: the `gpu` extra, on GPUs).",
+    )
 
 
 class GrpoSettings(RequestModel):
@@ -112,6 +142,10 @@ class GrpoSettings(RequestModel):
     )
     lora: LoraSettings | None = Field(
         default=None, description="Set to train a LoRA adapter; unset: full fine-tuning."
+    )
+    distributed: DistributedSettings = Field(
+        default_factory=DistributedSettings,
+        description="How many processes train the run; unset: one, in the worker itself.",
     )
     # Checkpoints and evaluation (metrics are stored for every step)
     save_steps: int = Field(default=500, ge=1, description="Write a checkpoint every N steps.")
@@ -194,11 +228,45 @@ class GrpoSettings(RequestModel):
         ge=1,
         description="vLLM's context length (colocate); unset: the model's own.",
     )
-    vllm_server_url: HttpUrlStr | None = Field(
+    vllm_server_url: Annotated[
+        str | list[str] | None, WithJsonSchema(_SERVER_URLS_SCHEMA, mode="validation")
+    ] = Field(
         default=None,
-        max_length=500,
-        description="The vLLM server's base URL, for engine 'vllm-server'.",
+        description="For engine 'vllm-server': the vLLM server's base URL (http://host:8000), "
+        "or several to spread the rollouts over. A LoRA run uses plain `vllm serve` OpenAI "
+        "servers started with --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, each "
+        "step's adapter loaded into them (they must read the run's artifacts folder); a full "
+        "fine-tune uses one `trl vllm-serve` server, its weights synced over NCCL (GPUs).",
     )
+    vllm_server_timeout_s: float = Field(
+        default=120,
+        gt=0,
+        le=3600,
+        description="Longest wait for one answer of a vLLM server (a group's completions, an "
+        "adapter load), and for a `trl vllm-serve` server to come up.",
+    )
+    vllm_server_max_retries: int = Field(
+        default=3,
+        ge=0,
+        le=20,
+        description="Retries of a failed vLLM server call; past them the attempt ends with the "
+        "reason and the run resumes from its last checkpoint later.",
+    )
+
+    @field_validator("vllm_server_url", mode="before")
+    @classmethod
+    def _server_urls(cls, value: Any) -> Any:
+        # By hand, before the union: its errors name the field, not a member type.
+        if value is None:
+            return value
+        if isinstance(value, list) and not 1 <= len(value) <= _MAX_SERVERS:
+            raise ValueError(f"give 1 to {_MAX_SERVERS} server URLs")
+        for url in value if isinstance(value, list) else [value]:
+            if not (isinstance(url, str) and re.match(HTTP_URL_PATTERN, url) and len(url) <= 500):
+                raise ValueError(
+                    "must be an http(s) URL of at most 500 characters, or a list of them"
+                )
+        return value
 
     @field_validator("report_to")
     @classmethod
@@ -212,6 +280,17 @@ class GrpoSettings(RequestModel):
             raise inconsistent("bf16 and fp16 are exclusive: choose one")
         if self.engine == "vllm-server" and not self.vllm_server_url:
             raise inconsistent("engine 'vllm-server' needs vllm_server_url")
+        if (
+            self.engine == "vllm-server"
+            and self.lora is None
+            and isinstance(self.vllm_server_url, list)
+            and len(self.vllm_server_url) > 1
+        ):
+            raise inconsistent(
+                "a full fine-tune syncs its weights into one `trl vllm-serve` server (give it "
+                "--data-parallel-size to spread the rollouts): give one vllm_server_url, or "
+                "train a LoRA adapter to use several servers"
+            )
         if self.eval_steps and self.load_best_model_at_end and self.save_steps % self.eval_steps:
             raise inconsistent(
                 "save_steps must be a multiple of eval_steps when load_best_model_at_end is "

@@ -85,17 +85,23 @@ async def claim(
             run_id,
             RunStatus.FAILED,
             expected=RunStatus(run.status),
-            error=gave_up(failures),
+            error=await gave_up(session, run_id, failures),
             values={"failures": failures},
         )
     return None
 
 
-def gave_up(failures: int) -> str:
-    return (
-        f"gave up after {failures} failed attempts: the worker died or lost its lease on "
-        "every attempt"
+async def gave_up(session: AsyncSession, run_id: uuid.UUID, failures: int) -> str:
+    """Why a run is failed after ``failures`` attempts: with the last reason an attempt
+    ended for, where one said (a rank died, a vLLM server gone)."""
+    last = await session.scalar(
+        select(col(RunEvent.data)["reason"].astext)
+        .where(col(RunEvent.run_id) == run_id, col(RunEvent.type) == "attempt_ended")
+        .order_by(col(RunEvent.id).desc())
+        .limit(1)
     )
+    why = f"the last ended: {last}" if last else "the worker died or lost its lease on each"
+    return f"gave up after {failures} failed attempts; {why}"
 
 
 async def lease_is_live(session: AsyncSession, run_id: uuid.UUID) -> bool:
@@ -140,15 +146,47 @@ async def renew(
     return LeaseState(RunStatus(row.status), row.cancel_requested, row.pause_requested)
 
 
+async def observe(session: AsyncSession, run_id: uuid.UUID, fence: Fence) -> LeaseState:
+    """What :func:`renew` would learn, without extending the lease: for the ranks of a
+    distributed training, whose worker holds and renews it. Raises :class:`LeaseLost` once
+    the lease is not ``fence``'s, or ran out (the worker stopped renewing it)."""
+    row = (
+        await session.execute(
+            select(col(Run.status), col(Run.cancel_requested), col(Run.pause_requested)).where(
+                col(Run.id) == run_id,
+                col(Run.lease_owner) == fence.owner,
+                col(Run.attempt) == fence.attempt,
+                col(Run.lease_expires_at) > func.now(),
+                col(Run.status).not_in([s.value for s in TERMINAL]),
+            )
+        )
+    ).first()
+    if row is None:
+        raise LeaseLost(run_id)
+    return LeaseState(RunStatus(row.status), row.cancel_requested, row.pause_requested)
+
+
 async def release(
-    session: AsyncSession, run_id: uuid.UUID, fence: Fence, *, due_now: bool = False
+    session: AsyncSession,
+    run_id: uuid.UUID,
+    fence: Fence,
+    *,
+    due_now: bool = False,
+    failed: bool = False,
 ) -> bool:
     """Give the run back (it stays in its status for the next worker); False if not ours.
-    ``due_now``: another worker should take it at once (this one is shutting down), not
-    after ``redispatch_seconds``; a clean hand-back, so no failure is counted."""
+    ``due_now``: a worker should take it at once (this one is shutting down, or its attempt
+    ended), not after ``redispatch_seconds``. ``failed``: the attempt failed (a rank of its
+    training died, a vLLM server is gone) and counts towards ``max_attempts``, as a lease
+    taken over does (not due now: ``redispatch_seconds`` from now); a clean hand-back counts
+    none."""
     values: dict[str, Any] = {"lease_owner": None, "lease_expires_at": None}
     if due_now:
         values["dispatched_at"] = None
+    if failed:
+        values["failures"] = Run.failures + 1
+        if not due_now:  # re-published after redispatch_seconds from now, not at once
+            values["dispatched_at"] = func.now()
     result = await session.execute(
         update(Run)
         .where(

@@ -92,7 +92,7 @@ async def sweep(
                     run.id,
                     RunStatus.FAILED,
                     expected=status,
-                    error=gave_up(failures),
+                    error=await gave_up(session, run.id, failures),
                     values={"failures": failures},
                 )
                 result.failed.append(run.id)

@@ -177,11 +177,59 @@ class RunCreate(RequestModel):
             )
         return value
 
+    @field_validator("grpo")
+    @classmethod
+    def _ranks(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
+        # A field validator, so the problem names body.grpo (environment comes first).
+        ranks = value.distributed.num_processes
+        if ranks == 1:
+            return value
+        if info.data.get("environment") is not None:
+            raise inconsistent(
+                "an agent run (environment) trains in one process: its episodes' tool state "
+                "lives in the rank that ran them, and rank 0 scores every group; set "
+                "grpo.distributed.num_processes to 1"
+            )
+        rollouts = value.groups_per_step * info.data.get("rollouts_per_group", 1)
+        split = ranks * value.gradient_accumulation_steps
+        if rollouts % split:
+            raise inconsistent(
+                f"a step's {rollouts} rollouts (groups_per_step x rollouts_per_group) must "
+                f"split evenly over distributed.num_processes x gradient_accumulation_steps "
+                f"= {split} micro-batches"
+            )
+        return value
+
     @model_validator(mode="after")
     def _inputs(self) -> RunCreate:
         if self.inputs is not None and not any(i.split == "train" for i in self.inputs):
             raise inconsistent("inputs must contain at least one item with split 'train'")
         return self
+
+    @model_validator(mode="after")
+    def _servers_hold_model_name(self) -> RunCreate:
+        if self.grpo.engine != "vllm-server" or self.grpo.lora is None:
+            return self
+        start = "from_checkpoint" if self.from_checkpoint else "sft" if self.sft else None
+        if start is not None:
+            raise inconsistent(
+                f"a LoRA run on vLLM servers loads its adapter onto the servers' model_name; "
+                f"with {start} the adapter would be trained on other weights: use engine "
+                "'transformers' or 'vllm-colocate'"
+            )
+        return self
+
+    @field_validator("teacher")
+    @classmethod
+    def _teacher_in_one_process(cls, value: Any, info: ValidationInfo) -> Any:
+        # A field validator, so the problem names body.teacher (grpo comes first).
+        grpo = info.data.get("grpo")
+        if value is not None and grpo is not None and grpo.distributed.num_processes > 1:
+            raise inconsistent(
+                "a teacher run trains in one process (its student is asked from the process "
+                "that scores): set grpo.distributed.num_processes to 1"
+            )
+        return value
 
     @field_validator("from_checkpoint")
     @classmethod

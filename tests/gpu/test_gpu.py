@@ -1,0 +1,53 @@
+"""20 steps of a real small model on a GPU with vLLM colocated, then the same on 2 ranks
+(one per GPU). Skipped without CUDA (tests/gpu/conftest.py says why)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.runs import get_run, series, trajectory_keys, wait_for
+from tests.support.workers import letter_rows, letters_run
+
+pytestmark = pytest.mark.gpu
+
+VLLM = {
+    "engine": "vllm-colocate",
+    "vllm_gpu_memory_utilization": 0.3,
+    "bf16": True,
+    "max_completion_length": 32,
+    "save_steps": 10,
+}
+
+
+async def _train(client: Any, tenant: Any, sessionmaker: Any, model: Path, grpo: dict) -> str:
+    body = letters_run(model, max_steps=20, learning_rate=1e-5, grpo={**VLLM, **grpo})
+    created = await client.post("/runs", json=body, headers=tenant.headers)
+    assert created.status_code == 202, created.text
+    run_id = created.json()["id"]
+    done = await wait_for(
+        sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=1200
+    )
+    assert done.status == "completed", done.error
+    assert await trajectory_keys(sessionmaker, run_id) == letter_rows(20)
+    assert len(await series(sessionmaker, run_id, "reward_mean")) == 20
+    return run_id
+
+
+async def test_twenty_steps_with_vllm_colocated(
+    client, tenant, sessionmaker, start_worker, worker_home, gpu_model
+) -> None:
+    start_worker(**worker_home, TRAINYARD_LEASE_TTL_SECONDS="30")
+    run_id = await _train(client, tenant, sessionmaker, gpu_model, {})
+    assert (await get_run(sessionmaker, run_id)).failures == 0
+
+
+async def test_twenty_steps_on_two_ranks(
+    client, tenant, sessionmaker, start_worker, worker_home, gpu_model, gpus
+) -> None:
+    if gpus < 2:
+        pytest.skip(f"2 ranks need 2 GPUs; this machine has {gpus}")
+    start_worker(**worker_home, TRAINYARD_LEASE_TTL_SECONDS="30")
+    await _train(client, tenant, sessionmaker, gpu_model, {"distributed": {"num_processes": 2}})

@@ -1,0 +1,221 @@
+"""Rollouts on vLLM servers a team already runs (``grpo.engine: vllm-server``).
+
+Two ways, by what the run trains:
+
+- **A LoRA adapter** (``grpo.lora``): the servers are plain ``vllm serve`` OpenAI servers
+  started with ``--enable-lora`` and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=True``. Before a
+  step generates, rank 0 saves the policy's adapter to the run's folder (which the servers
+  must read at the same path: shared storage) and loads it into every server under a name
+  of that step (vLLM's runtime LoRA loading), unloading the step before's. Every rank then
+  asks for its share of the rollouts by token ids through ``/v1/completions``, each group
+  from one server, the groups spread over all of them. This is TRL's ``rollout_func``.
+- **All the weights**: TRL's own server mode (``trl vllm-serve`` on one base URL), which
+  broadcasts the weights over NCCL after every step: GPUs only.
+
+Every request and every adapter load has the run's timeout and is retried within
+``vllm_server_max_retries`` (the judges' client, workers/llm/client.py). A server still
+failing after them ends the attempt with the reason (:class:`ServerUnavailable`): the run
+goes back to the queue and resumes from its last checkpoint once a worker takes it again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+from pathlib import Path
+from typing import Any
+
+from workers.context import AttemptEnded
+from workers.llm.client import AnswerRejected, ChatClient, Endpoint, LLMError
+
+log = logging.getLogger(__name__)
+
+
+class ServerUnavailable(AttemptEnded):
+    """A vLLM server did not answer within its retries: this attempt ends, the run resumes
+    later (after the re-dispatch interval, not at once: the server may need a while)."""
+
+    due_now = False
+
+
+def server_root(url: str) -> str:
+    """A server's base URL without the OpenAI API's ``/v1`` (TRL's client wants the root)."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
+def server_urls(grpo: dict[str, Any]) -> list[str]:
+    value = grpo.get("vllm_server_url") or []
+    return [server_root(u) for u in ([value] if isinstance(value, str) else value)]
+
+
+def _client(url: str, grpo: dict[str, Any], concurrency: int) -> ChatClient:
+    return ChatClient(
+        Endpoint(
+            base_url=f"{url}/v1",
+            model="",  # each request names its adapter
+            timeout_s=float(grpo.get("vllm_server_timeout_s", 120)),
+            max_retries=int(grpo.get("vllm_server_max_retries", 3)),
+            max_concurrency=concurrency,
+        )
+    )
+
+
+class WrongBaseModel(RuntimeError):
+    """A server serves another model than the one the run's adapter is trained on."""
+
+
+def check_servers(grpo: dict[str, Any], model_name: str) -> None:
+    """Before any step: every server answers ``GET /v1/models`` (else the attempt ends), and
+    serves ``model_name``, the base the adapter is loaded onto (else the run fails: an
+    adapter of another model would not load, or would generate nonsense)."""
+    for url in server_urls(grpo):
+        with _client(url, grpo, 1) as client:
+            try:
+                listed = client.check()
+            except LLMError as exc:
+                raise ServerUnavailable(f"vLLM server {url}: {exc}") from exc
+        bases = {str(m.get("root") or m.get("id")) for m in listed if not m.get("parent")}
+        if bases and model_name not in bases:
+            raise WrongBaseModel(
+                f"vLLM server {url} serves {', '.join(sorted(bases))}, not the run's "
+                f"model_name {model_name!r}: start it on that model (the same path or hub id)"
+            )
+
+
+class ServerRollouts:
+    """TRL's ``rollout_func`` for a LoRA run on vLLM servers (see the module's docstring)."""
+
+    def __init__(self, run_id: str, grpo: dict[str, Any], adapters: Path, ranks: Any) -> None:
+        self.run_id = run_id
+        self.grpo = grpo
+        self.adapters = adapters
+        self.ranks = ranks
+        self.urls = server_urls(grpo)
+        concurrency = int(grpo["groups_per_step"])
+        self.clients = [_client(url, grpo, concurrency) for url in self.urls]
+        self.loaded: str | None = None  # the adapter the servers generate with now
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            max_workers=max(1, concurrency), thread_name_prefix="vllm-server"
+        )
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for client in self.clients:
+            client.close()
+
+    # -- TRL's hook ------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """Completions for this rank's ``prompts`` (each group's prompt repeated once per
+        rollout, as TRL's sampler hands them): token ids of prompts and completions, and the
+        sampled tokens' log-probabilities."""
+        step = int(trainer.state.global_step)
+        name = f"{self.run_id}-step-{step}"
+        if name != self.loaded:
+            self._sync(trainer, name)
+        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
+        groups = _runs_of(prompt_ids)
+        seed = int(self.grpo.get("seed", 0))
+        calls = [
+            self._pool.submit(
+                self._complete,
+                self.clients[(self.ranks.rank + i) % len(self.clients)],
+                name,
+                ids,
+                n,
+                seed * 1_000_003 + step * 4_099 + self.ranks.rank * 257 + i,
+            )
+            for i, (ids, n) in enumerate(groups)
+        ]
+        completion_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for call in calls:
+            for ids, lps in call.result():
+                completion_ids.append(ids)
+                logprobs.append(lps)
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+
+    # -- the step's adapter -----------------------------------------------------------------
+    def _sync(self, trainer: Any, name: str) -> None:
+        """The policy's adapter as of now, saved by rank 0 and loaded into every server
+        under ``name``; the previous one unloaded. Every rank waits for it."""
+        if self.ranks.writer:
+            folder = self.adapters / name
+            trainer.model.save_pretrained(str(folder))  # a PEFT model: the adapter only
+            for url, client in zip(self.urls, self.clients, strict=True):
+                self._call(
+                    url,
+                    client,
+                    "/load_lora_adapter",
+                    # In place: a resumed attempt loads its step's name again.
+                    {"lora_name": name, "lora_path": str(folder), "load_inplace": True},
+                )
+                if self.loaded is not None:
+                    self._call(url, client, "/unload_lora_adapter", {"lora_name": self.loaded})
+            log.info(
+                "run %s: adapter %s loaded into %d server(s)", self.run_id, name, len(self.urls)
+            )
+        self.ranks.wait()
+        self.loaded = name
+
+    def _call(self, url: str, client: ChatClient, path: str, body: dict[str, Any]) -> None:
+        try:
+            client.post(path, body, lambda answer: answer)
+        except LLMError as exc:
+            raise ServerUnavailable(
+                f"vLLM server {url}: {path} failed: {exc} (is it started with --enable-lora "
+                "and VLLM_ALLOW_RUNTIME_LORA_UPDATING=True, and can it read "
+                f"{body.get('lora_path', 'the adapter folder')}?)"
+            ) from exc
+
+    # -- one group -----------------------------------------------------------------------------
+    def _complete(
+        self, client: ChatClient, model: str, prompt: list[int], n: int, seed: int
+    ) -> list[tuple[list[int], list[float]]]:
+        grpo = self.grpo
+        body: dict[str, Any] = {
+            "model": model,
+            "prompt": prompt,
+            "n": n,
+            "max_tokens": grpo["max_completion_length"],
+            "temperature": grpo["temperature"],
+            "top_p": grpo["top_p"],
+            "top_k": grpo.get("top_k") or -1,
+            "min_p": grpo.get("min_p") or 0.0,
+            "repetition_penalty": grpo["repetition_penalty"],
+            "seed": seed,
+            "logprobs": 0,
+            "return_token_ids": True,
+        }
+        try:
+            return client.post("/completions", body, lambda answer: _choices(answer, n))
+        except LLMError as exc:
+            raise ServerUnavailable(f"vLLM server {client.endpoint.url}: {exc}") from exc
+
+
+def _runs_of(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:
+    """Consecutive equal prompts, as (prompt, how many): one request of ``n`` each."""
+    runs: list[tuple[list[int], int]] = []
+    for ids in prompt_ids:
+        if runs and runs[-1][0] == ids:
+            runs[-1] = (ids, runs[-1][1] + 1)
+        else:
+            runs.append((ids, 1))
+    return runs
+
+
+def _choices(answer: Any, n: int) -> list[tuple[list[int], list[float]]]:
+    """Each choice's token ids and their log-probabilities, in the order asked."""
+    try:
+        choices = sorted(answer["choices"], key=lambda c: c["index"])
+        out = [
+            ([int(t) for t in c["token_ids"]], [float(x) for x in c["logprobs"]["token_logprobs"]])
+            for c in choices
+        ]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise AnswerRejected(
+            f"a completion without token_ids or logprobs ({exc}): the server must be vLLM "
+            "0.10.2 or later (return_token_ids)"
+        ) from exc
+    if len(out) != n or any(len(ids) != len(lps) for ids, lps in out):
+        raise AnswerRejected(f"asked for {n} completions, got {len(out)} (or ragged logprobs)")
+    return out

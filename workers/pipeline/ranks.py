@@ -1,0 +1,483 @@
+"""Training on several processes (``grpo.distributed.num_processes`` > 1).
+
+The worker process does for such a run what it does for any: it holds the run's lease and
+heartbeats, prepares the inputs and the plan, and settles the outcome. The training itself
+runs in N ranks it starts under ``accelerate launch`` (torch.distributed: NCCL on GPUs,
+gloo on CPU), each building the same TRL trainer from the job the worker wrote
+(``python -m workers.pipeline.ranks JOB``):
+
+- each rank generates its share of the step's rollouts; rank 0 gathers them all, scores
+  every group (a group may span ranks), writes to the database fenced on the worker's
+  lease, and hands each rank its rewards (:class:`Ranks`);
+- stops are rank 0's decision, shared with every rank at the same point, so all of them
+  raise the same stop together; every rank also watches the run read-only each heartbeat
+  (cancel, pause, the lease, the worker being alive, a handover the worker asked for), so a
+  cancel ends a generation in progress on every rank;
+- each rank writes how it ended to ``outcome-<rank>.json``; the worker turns these into
+  what a one-process training would have raised (:func:`outcome`). A rank that died without
+  a word (killed, out of memory) ends the attempt: the run goes back to the queue at once,
+  the failure counted, and resumes from its last checkpoint on any worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pickle
+import signal
+import socket
+import sys
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from app.core.settings import Settings
+from app.runs import leases
+from app.runs.grpo import DistributedSettings
+from app.runs.models import Run
+from app.runs.state import Fence, LeaseLost
+from app.runs.status import RunStatus
+from workers.context import SHUTTING_DOWN, AttemptEnded, HandOver, RunContext, StopRequested
+from workers.pipeline.plan import InputBatch, PlannedInput
+from workers.runtime import Runtime
+
+if TYPE_CHECKING:
+    from workers.pipeline.training import RunPaths
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
+
+
+class RankDied(AttemptEnded):
+    """A rank ended without saying why (killed, out of memory): the attempt is over and the
+    run resumes from its last checkpoint, on this worker or another."""
+
+
+class RankFailed(RuntimeError):
+    """A rank raised: the run fails with its error, as a one-process training would."""
+
+
+class FollowedRankZero(RuntimeError):
+    """A rank other than 0 stopping because rank 0 raised (its outcome is rank 0's)."""
+
+
+# -- inside the training: the ranks as the trainer's hooks see them ------------------------
+_STOPS: dict[str, type[BaseException]] = {"lost": LeaseLost, "handover": HandOver}
+
+
+def _stop_code(exc: BaseException) -> str | None:
+    """A stop as a word every rank can be sent (None: not a stop, an error)."""
+    if isinstance(exc, LeaseLost):
+        return "lost"
+    if isinstance(exc, StopRequested):
+        return exc.status.value
+    if isinstance(exc, HandOver):
+        return "handover"
+    return None
+
+
+def _check_code(ctx: RunContext, *, pause_ok: bool) -> str | None:
+    """What ``ctx.check(pause_ok=...)`` would raise, as a word."""
+    try:
+        ctx.check(pause_ok=pause_ok)
+    except (LeaseLost, StopRequested, HandOver) as exc:
+        return _stop_code(exc)
+    return None
+
+
+def _raise_stop(code: str | None, ctx: RunContext) -> None:
+    if code is None:
+        return
+    if code in _STOPS:
+        raise _STOPS[code](ctx.run_id if code == "lost" else str(ctx.run_id))
+    raise StopRequested(RunStatus(code))
+
+
+class Ranks:
+    """The processes training a run: the worker alone, or the N ranks ``accelerate launch``
+    started (their rank and number from the launcher's ``RANK`` and ``WORLD_SIZE``; the
+    collectives through accelerate, whose process group the trainer set up)."""
+
+    def __init__(self) -> None:
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.world = int(os.environ.get("WORLD_SIZE", "1"))
+
+    @property
+    def writer(self) -> bool:
+        """Rank 0: the one that scores, writes to the database and promotes checkpoints."""
+        return self.rank == 0
+
+    def gather(self, items: list[T]) -> list[T]:
+        """Every rank's ``items``, in rank order (the global batch's order), on every rank."""
+        if self.world == 1:
+            return items
+        from accelerate.utils import gather_object
+
+        return list(gather_object(items))
+
+    def share(self, value: T | None) -> T:
+        """Rank 0's ``value``, on every rank."""
+        if self.world == 1:
+            return value  # type: ignore[return-value]
+        from accelerate.utils import broadcast_object_list
+
+        return broadcast_object_list([value], from_process=0)[0]  # type: ignore[no-any-return]
+
+    def wait(self) -> None:
+        """Until every rank gets here (its part of a checkpoint written, say)."""
+        if self.world > 1:
+            from accelerate import PartialState
+
+            PartialState().wait_for_everyone()
+
+    def check(self, ctx: RunContext, *, pause_ok: bool = True) -> None:
+        """``ctx.check``, decided by rank 0 for all: every rank raises the same, here."""
+        if self.world == 1:
+            ctx.check(pause_ok=pause_ok)
+            return
+        _raise_stop(self.share(_check_code(ctx, pause_ok=pause_ok) if self.writer else None), ctx)
+
+    def stops_at_step_end(self, ctx: RunContext) -> bool:
+        return self.share(ctx.stops_at_step_end if self.writer else None) is True
+
+    def stop_at_step_end(self, ctx: RunContext) -> None:
+        """``ctx.stop_at_step_end``, decided by rank 0 for all."""
+        if self.world == 1:
+            ctx.stop_at_step_end()
+            return
+        code = None
+        if self.writer:
+            try:
+                ctx.stop_at_step_end()
+            except (StopRequested, HandOver) as exc:
+                code = _stop_code(exc)
+        _raise_stop(self.share(code), ctx)
+
+    def on_rank_zero(self, work: Any) -> Any:
+        """``work()`` on rank 0, its result (or that it raised) shared with every rank: a
+        rank 0 that raises takes the others down with it at once, not at a timeout."""
+        if self.world == 1:
+            return work()
+        result, failed = None, None
+        if self.writer:
+            try:
+                result = work()
+            except BaseException as exc:
+                failed = _stop_code(exc) or "error"
+                self.share((None, failed))
+                raise
+        result, failed = self.share((result, failed))
+        if failed == "error":
+            raise FollowedRankZero("rank 0 raised; see its outcome")
+        if failed is not None:
+            raise FollowedRankZero(failed)
+        return result
+
+
+# -- the worker's side ------------------------------------------------------------------
+@dataclass
+class Job:
+    """What every rank needs to build the same trainer as the others."""
+
+    settings: Settings
+    run_id: uuid.UUID
+    fence: Fence
+    worker_pid: int
+    plan: list[InputBatch]
+    validation: list[PlannedInput]
+    resume_from: Path | None
+    model: str | None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(job: Path, *, num_processes: int, config: str, port: int) -> list[str]:
+    """``accelerate launch`` of the ranks with one of configs/accelerate/ (its
+    ``num_processes`` set by the run). On a machine without GPUs the DDP config gives
+    ``num_processes`` CPU processes on gloo."""
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ACCELERATE_CONFIGS / f"{config}.yaml"),
+        "--num_processes",
+        str(num_processes),
+        "--num_machines",
+        "1",
+        "--main_process_port",
+        str(port),
+        "--module",
+        "workers.pipeline.ranks",
+        str(job),
+    ]
+
+
+class DistributedUnavailable(RuntimeError):
+    pass
+
+
+def distributed_spec(grpo: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``grpo.distributed``, defaults filled in (runs stored before it existed
+    have none)."""
+    return {**DistributedSettings().model_dump(), **(grpo.get("distributed") or {})}
+
+
+def check_distributed(spec: dict[str, Any]) -> None:
+    """Fail before any step if this worker cannot launch the run's ranks: its accelerate
+    config is missing, DeepSpeed is not installed or has no GPUs, or it has fewer GPUs than
+    ranks. (Without GPUs, any number of CPU ranks run on gloo.)"""
+    ranks, name = spec["num_processes"], spec["accelerate_config"]
+    if ranks == 1:
+        return
+    import importlib.util
+
+    if not (ACCELERATE_CONFIGS / f"{name}.yaml").is_file():
+        raise DistributedUnavailable(f"no accelerate config {name!r} in {ACCELERATE_CONFIGS}")
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if name.startswith("zero"):
+        if importlib.util.find_spec("deepspeed") is None:
+            raise DistributedUnavailable(
+                f"accelerate_config {name!r} is DeepSpeed's, which is not installed on this "
+                "worker (pip install 'trainyard[worker,gpu]')"
+            )
+        if not gpus:
+            raise DistributedUnavailable(
+                f"accelerate_config {name!r} (DeepSpeed ZeRO) needs GPUs; this worker has none: "
+                "use 'ddp', which runs CPU ranks on gloo"
+            )
+    if gpus and ranks > gpus:
+        raise DistributedUnavailable(
+            f"distributed.num_processes is {ranks} but this worker has {gpus} GPU(s): one "
+            "rank per GPU"
+        )
+
+
+async def train_on_ranks(
+    ctx: RunContext,
+    run: Run,
+    plan: list[InputBatch],
+    validation: list[PlannedInput],
+    paths: RunPaths,
+    resume_from: Path | None,
+    model: str | None,
+) -> Path:
+    """Train ``run`` in its ranks; returns the final model's folder, or raises what a
+    one-process training would have (a stop, a handover, a lost lease, the error), or
+    :class:`RankDied`."""
+    spec = distributed_spec(run.grpo)
+    folder = paths.root / "ranks"
+    await asyncio.to_thread(_fresh_folder, folder, paths.staging)
+    job = folder / "job.pkl"
+    payload = Job(
+        ctx.settings, run.id, ctx.fence, os.getpid(), plan, validation, resume_from, model
+    )
+    await asyncio.to_thread(_write_private, job, pickle.dumps(payload))
+    command = launch_command(
+        job,
+        num_processes=spec["num_processes"],
+        config=spec["accelerate_config"],
+        port=_free_port(),
+    )
+    log.info("run %s: launching %d ranks: %s", run.id, spec["num_processes"], " ".join(command))
+    # A session of its own: a signal to the worker's process group (a deploy's SIGTERM)
+    # reaches the worker, which hands the run over at a step boundary, not the ranks.
+    process = await asyncio.create_subprocess_exec(*command, start_new_session=True)
+    handover = folder / "handover"
+    lost_at: float | None = None
+    try:
+        while process.returncode is None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(ctx.settings.heartbeat_seconds):
+                    await process.wait()
+            if SHUTTING_DOWN.is_set() and not handover.exists():
+                await asyncio.to_thread(handover.touch)  # the ranks stop at the next step end
+            if ctx.lost and process.returncode is None:
+                # The ranks see it too (their watch); past a lease's time, they are stuck.
+                lost_at = lost_at or time.monotonic()
+                if time.monotonic() - lost_at > ctx.settings.lease_ttl_seconds:
+                    _kill(process.pid)
+    finally:
+        if process.returncode is None:  # the worker's task itself was cancelled
+            _kill(process.pid)
+            await process.wait()
+    return await asyncio.to_thread(outcome, folder, spec["num_processes"], process.returncode, ctx)
+
+
+def _fresh_folder(folder: Path, staging: Path) -> None:
+    """The job's folder, empty; no half-written checkpoints of a crash in TRL's staging."""
+    import shutil
+
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+    folder.mkdir(parents=True)
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """The job holds the worker's settings (its database URL with any password): 0600."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+_CLEAN = {"completed", "cancelled", "paused", "handover", "lost"}
+
+
+def outcome(folder: Path, world: int, returncode: int | None, ctx: RunContext) -> Path:
+    """What the ranks' outcome files say, as a one-process training would have ended.
+
+    Rank 0 decides every clean end (completed, a stop, a handover, a lost lease). Otherwise
+    a rank with no outcome died without a word: :class:`RankDied`. Otherwise the first error
+    written is the cause (the others are ranks that lost their peer after it): an attempt
+    that ended (a vLLM server gone) ends this one too; any other error fails the run."""
+    said: dict[int, dict[str, Any]] = {}
+    for rank in range(world):
+        path = folder / f"outcome-{rank}.json"
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            said[rank] = json.loads(path.read_text())
+    zero = said.get(0, {})
+    kind = zero.get("outcome")
+    if kind == "completed":
+        return Path(zero["final"])
+    if kind in _CLEAN:
+        _raise_stop(kind, ctx)
+    silent = [rank for rank in range(world) if rank not in said]
+    if silent:
+        raise RankDied(
+            f"rank {', '.join(map(str, silent))} of {world} died without an outcome (the "
+            f"launcher exited with {returncode}): killed or out of memory; see the worker's log"
+        )
+    errors = sorted(
+        (
+            (o["at"], rank, o)
+            for rank, o in said.items()
+            if o.get("outcome") in ("error", "attempt-ended")
+        ),
+        key=lambda e: (e[0], e[1]),
+    )
+    if errors:
+        _, rank, first = errors[0]
+        if first["outcome"] == "attempt-ended":
+            ended = AttemptEnded(f"rank {rank} of {world}: {first['error']}")
+            ended.due_now = bool(first.get("due_now", True))
+            raise ended
+        failure = RankFailed(f"rank {rank} of {world}: {first['error']}")
+        failure.add_note(first.get("traceback", ""))
+        raise failure
+    raise RankDied(f"the ranks were terminated (launcher exit {returncode}): {said}")
+
+
+# -- a rank's side --------------------------------------------------------------------------
+class RankContext(RunContext):
+    """A rank's view of the run: the worker holds the lease; a rank watches it, read-only,
+    and stops when the worker is gone, or asks for a handover."""
+
+    def __init__(self, runtime: Runtime, job: Job, handover: Path) -> None:
+        super().__init__(runtime, job.run_id, job.fence)
+        self.worker_pid = job.worker_pid
+        self.handover = handover
+
+    async def lease_state(self) -> leases.LeaseState:
+        if not _alive(self.worker_pid):
+            raise LeaseLost(self.run_id)
+        if self.handover.exists():
+            SHUTTING_DOWN.set()
+        async with self.runtime.session() as session:
+            return await leases.observe(session, self.run_id, self.fence)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    """One rank: train the job's run and say how it ended."""
+    from app.core.logs import configure_logging
+
+    args = sys.argv[1:] if argv is None else argv
+    job_path = Path(args[0])
+    job: Job = pickle.loads(job_path.read_bytes())
+    rank = int(os.environ.get("RANK", "0"))
+    configure_logging(os.environ.get("TRAINYARD_LOG_LEVEL", "INFO"))
+    # The launcher stops the survivors with SIGTERM when a rank fails: end through the
+    # ``finally`` below, so this rank says it was terminated rather than nothing.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    said: dict[str, Any] = {"outcome": "error", "error": "did not start"}
+    runtime = Runtime(job.settings)
+    ctx = RankContext(runtime, job, job_path.parent / "handover")
+    watch = asyncio.run_coroutine_threadsafe(ctx.heartbeat_forever(), runtime.loop)
+    try:
+        said = {"outcome": "completed", "final": str(_train(ctx, job))}
+    except StopRequested as stop:
+        said = {"outcome": stop.status.value}
+    except HandOver:
+        said = {"outcome": "handover"}
+    except LeaseLost:
+        said = {"outcome": "lost"}
+    except FollowedRankZero as exc:
+        said = {"outcome": "followed", "error": str(exc)}
+    except AttemptEnded as exc:  # a vLLM server gone, say: the run resumes later
+        said = {"outcome": "attempt-ended", "error": str(exc), "due_now": exc.due_now}
+    except SystemExit:
+        said = {"outcome": "terminated"}
+    except BaseException as exc:
+        log.exception("rank %d failed", rank)
+        said = {
+            "outcome": "error",
+            "error": f"{type(exc).__name__}: {exc}"[:4000],
+            "traceback": traceback.format_exc()[-8000:],
+        }
+    finally:
+        watch.cancel()
+        said["at"] = time.time()
+        path = job_path.parent / f"outcome-{rank}.json"
+        path.with_suffix(".tmp").write_text(json.dumps(said))
+        os.replace(path.with_suffix(".tmp"), path)
+    return 1 if said["outcome"] == "error" else 0
+
+
+def _train(ctx: RankContext, job: Job) -> Path:
+    from workers.pipeline.training import RunPaths, train
+    from workers.rewards import make_scorer
+
+    run = ctx.runtime.run(ctx.load())
+    return train(
+        ctx,
+        run,
+        job.plan,
+        job.validation,
+        make_scorer(run.reward),
+        RunPaths(job.settings.artifacts / str(job.run_id)),
+        job.resume_from,
+        None,
+        job.model,
+    )
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
