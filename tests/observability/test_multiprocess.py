@@ -126,3 +126,37 @@ async def test_step_and_rollout_counters_move_during_a_real_run(
     assert value(text, "trainyard_completion_tokens_total") > 0
     assert value(text, REQUESTS, route="/runs", method="POST", status="202") == 1
     assert value(own, "trainyard_training_steps_total") == steps
+
+
+def test_the_key_caching_merge_exposes_what_the_librarys_does(tmp_path: Path) -> None:
+    """The scrape's own read of the process files (keys parsed once, kept between scrapes)
+    gives exactly the library's exposition, and follows the values as they change."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.mmap_dict import MmapedDict, mmap_key
+
+    from app.observability.prometheus import _KeyCachingCollector
+
+    def write(pid: int, step: float) -> None:
+        counter = MmapedDict(str(tmp_path / f"counter_{pid}.db"))
+        histogram = MmapedDict(str(tmp_path / f"histogram_{pid}.db"))
+        gauge = MmapedDict(str(tmp_path / f"gauge_livesum_{pid}.db"))
+        for route in ("/runs", "/runs/{run_id}"):
+            key = mmap_key("req", "req_total", ["route"], [route], "Requests.")
+            counter.write_value(key, 3 * step + pid, 0)
+            for le in ("0.1", "1.0", "+Inf"):
+                bucket = mmap_key("lat", "lat_bucket", ["route", "le"], [route, le], "Latency.")
+                histogram.write_value(bucket, step + float(le.replace("+Inf", "2")), 0)
+            total = mmap_key("lat", "lat_sum", ["route"], [route], "Latency.")
+            histogram.write_value(total, 0.5 * step, 0)
+        gauge.write_value(mmap_key("busy", "busy", [], [], "In flight."), step, 0)
+        for mapped in (counter, histogram, gauge):
+            mapped.close()
+
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    _KeyCachingCollector(ours, path=str(tmp_path))
+    multiprocess.MultiProcessCollector(theirs, path=str(tmp_path))
+    for step in (1.0, 2.0, 5.0):  # the second and third scrapes use the cached keys
+        for pid in (101, 102):
+            write(pid, step)
+        assert generate_latest(ours) == generate_latest(theirs)
+        assert f'req_total{{route="/runs"}} {2 * 3 * step + 203}'.encode() in generate_latest(ours)

@@ -64,6 +64,13 @@ async def test_vllm_colocate_engine_trains_with_synced_weights(
         )
     ).json()
     assert page["data"][0]["metadata"]["engine"] == "vllm-colocate"
+    # The same worker process takes the next colocated run: the first one's engine was
+    # freed (vLLM sizes its KV cache from what its process holds, and would refuse).
+    again = await client.post("/runs", json={**body, "max_steps": 2}, headers=tenant.headers)
+    second = await wait_for(
+        sessionmaker, again.json()["id"], lambda r: r.status in {"completed", "failed"}, within=300
+    )
+    assert second.status == "completed", second.error
 
 
 async def test_an_agent_run_on_vllm_colocate_plays_its_episodes_through_vllm(

@@ -57,3 +57,26 @@ def prepare_colocate() -> None:
         layer.cpu_linear = torch.nn.functional.linear
 
     layer_utils.dispatch_cpu_unquantized_gemm = keep_live_weight  # type: ignore[assignment]
+
+
+def release_colocate(trainer: Any) -> None:
+    """Free the trainer's in-process vLLM engine once its run is done. A worker trains one
+    run after another, and vLLM sizes its KV cache from the memory its process holds: the
+    next colocated engine would find the last one's still taken, and refuse to start."""
+    generation = getattr(trainer, "vllm_generation", None)
+    if getattr(generation, "llm", None) is None:
+        return
+    import gc
+
+    import torch
+    from vllm.distributed.parallel_state import (
+        destroy_distributed_environment,
+        destroy_model_parallel,
+    )
+
+    generation.llm = None  # type: ignore[union-attr]
+    destroy_model_parallel()
+    destroy_distributed_environment()
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import logging
+import shutil
+import time
 from pathlib import Path
 from typing import Any
 
@@ -110,8 +112,10 @@ class ServerRollouts:
         sampled tokens' log-probabilities."""
         step = int(trainer.state.global_step)
         name = f"{self.run_id}-step-{step}"
+        started = time.monotonic()
         if name != self.loaded:
             self._sync(trainer, name)
+        synced = time.monotonic()
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
         groups = _runs_of(prompt_ids)
         seed = int(self.grpo.get("seed", 0))
@@ -132,12 +136,20 @@ class ServerRollouts:
             for ids, lps in call.result():
                 completion_ids.append(ids)
                 logprobs.append(lps)
+        log.info(
+            "run %s: step %d: adapter synced in %.2f s, %d rollouts generated in %.2f s",
+            self.run_id,
+            step,
+            synced - started,
+            len(completion_ids),
+            time.monotonic() - synced,
+        )
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
     # -- the step's adapter -----------------------------------------------------------------
     def _sync(self, trainer: Any, name: str) -> None:
         """The policy's adapter as of now, saved by rank 0 and loaded into every server
-        under ``name``; the previous one unloaded. Every rank waits for it."""
+        under ``name``; the previous one unloaded and deleted. Every rank waits for it."""
         if self.ranks.writer:
             folder = self.adapters / name
             trainer.model.save_pretrained(str(folder))  # a PEFT model: the adapter only
@@ -151,6 +163,8 @@ class ServerRollouts:
                 )
                 if self.loaded is not None:
                     self._call(url, client, "/unload_lora_adapter", {"lora_name": self.loaded})
+            if self.loaded is not None:  # no server reads it any more
+                shutil.rmtree(self.adapters / self.loaded, ignore_errors=True)
             log.info(
                 "run %s: adapter %s loaded into %d server(s)", self.run_id, name, len(self.urls)
             )

@@ -683,6 +683,10 @@ def train(
     finally:
         if rollouts is not None:
             rollouts.close()
+        if engine == "vllm-colocate" and ranks.world == 1:  # ranks exit when they are done
+            from workers.ml.vllm_engine import release_colocate
+
+            release_colocate(trainer)
     bridge.writes.flush()
 
     final = paths.final(run.trained_model_name or f"run-{run.id}")
