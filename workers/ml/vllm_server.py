@@ -118,7 +118,7 @@ class ServerRollouts:
         synced = time.monotonic()
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
         groups = _runs_of(prompt_ids)
-        seed = int(self.grpo.get("seed", 0))
+        seed = int(self.grpo.get("seed", 0))  # a seed of its own for each group's request
         calls = [
             self._pool.submit(
                 self._complete,
@@ -126,7 +126,7 @@ class ServerRollouts:
                 name,
                 ids,
                 n,
-                seed * 1_000_003 + step * 4_099 + self.ranks.rank * 257 + i,
+                (seed * 1_000_003 + step * 4_099 + self.ranks.rank * 257 + i) % 2**31,
             )
             for i, (ids, n) in enumerate(groups)
         ]

@@ -30,6 +30,7 @@ import pickle
 import signal
 import socket
 import sys
+import threading
 import time
 import traceback
 import uuid
@@ -431,6 +432,10 @@ def main(argv: list[str] | None = None) -> int:
     runtime = Runtime(job.settings)
     ctx = RankContext(runtime, job, job_path.parent / "handover")
     watch = asyncio.run_coroutine_threadsafe(ctx.heartbeat_forever(), runtime.loop)
+    outcome_path = job_path.parent / f"outcome-{rank}.json"
+    threading.Thread(
+        target=_exit_when_stuck, args=(ctx, outcome_path), name="rank-watchdog", daemon=True
+    ).start()
     try:
         said = {"outcome": "completed", "final": str(_train(ctx, job))}
     except StopRequested as stop:
@@ -454,11 +459,27 @@ def main(argv: list[str] | None = None) -> int:
         }
     finally:
         watch.cancel()
-        said["at"] = time.time()
-        path = job_path.parent / f"outcome-{rank}.json"
-        path.with_suffix(".tmp").write_text(json.dumps(said))
-        os.replace(path.with_suffix(".tmp"), path)
+        _say(outcome_path, said)
     return 1 if said["outcome"] == "error" else 0
+
+
+def _say(path: Path, said: dict[str, Any]) -> None:
+    """This rank's outcome, written whole (the worker may read it at any moment)."""
+    said["at"] = time.time()
+    path.with_suffix(".tmp").write_text(json.dumps(said))
+    os.replace(path.with_suffix(".tmp"), path)
+
+
+def _exit_when_stuck(ctx: RankContext, path: Path) -> None:
+    """The lease is gone (the worker died, or another holds the run) and this rank has not
+    stopped a lease's time later: it is stuck in a collective with a peer that is gone, and
+    would wait there for gloo's or NCCL's timeout. End it now."""
+    while not ctx.lost:
+        time.sleep(ctx.settings.heartbeat_seconds)
+    time.sleep(ctx.settings.lease_ttl_seconds)
+    log.error("run %s: the lease is gone and this rank is stuck; exiting", ctx.run_id)
+    _say(path, {"outcome": "lost"})
+    os._exit(3)
 
 
 def _train(ctx: RankContext, job: Job) -> Path:
