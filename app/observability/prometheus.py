@@ -19,6 +19,7 @@ restart adds the last run's counts to the new ones.
 from __future__ import annotations
 
 import glob
+import gzip
 import hmac
 import json
 import logging
@@ -28,6 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from socketserver import ThreadingMixIn
@@ -43,12 +45,14 @@ from prometheus_client import (
     Gauge,
     Histogram,
     disable_created_metrics,
-    generate_latest,
-    make_wsgi_app,
     multiprocess,
 )
+from prometheus_client.exposition import gzip_accepted
 from prometheus_client.metrics_core import Metric
 from prometheus_client.mmap_dict import MmapedDict
+from prometheus_client.openmetrics.exposition import escape_label_name, escape_metric_name
+from prometheus_client.samples import Sample
+from prometheus_client.utils import floatToGoString
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
@@ -204,37 +208,54 @@ def prepare_multiprocess_dir(path: str | Path) -> Path:
     return folder
 
 
-class _KeyCachingCollector(multiprocess.MultiProcessCollector):
-    """prometheus-client's merge of the process files, keeping its parse of each sample's
-    key between scrapes. A key (metric, sample name, labels, help) is JSON written once in a
-    process's file and read back at every scrape; the library parses each one again at each
-    scrape, which was a quarter of a scrape's time (bench/metrics_scrape.py). The merge
-    itself is the library's (``_accumulate_metrics``); only the read is redone here."""
+Labels = tuple[tuple[str, str], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Key:
+    """A sample's key in the process files, parsed: its metric, its name, its labels sorted,
+    and for a histogram's bucket its labels without ``le`` and the bound."""
+
+    metric: str
+    name: str
+    labels: Labels
+    help_text: str
+    bucket: tuple[Labels, float] | None
+
+
+@dataclass(slots=True)
+class _Merge:
+    """One metric's samples as prometheus-client's merge keeps them: by label set, in the
+    order first seen; a histogram's buckets apart until they are made cumulative."""
+
+    metric: Metric
+    groups: dict[Labels, dict[tuple[str, Labels], float]] = field(default_factory=dict)
+    buckets: dict[Labels, dict[float, float]] = field(default_factory=dict)
+    stamps: dict[tuple[Labels, str], float] = field(default_factory=dict)
+
+
+class _MergingCollector(multiprocess.MultiProcessCollector):
+    """prometheus-client's merge of the process files (``MultiProcessCollector``), in one
+    pass, keeping its parse of each sample's key between scrapes.
+
+    The library parses each key's JSON again at every scrape, builds a sample for every
+    value of every file and merges those in a second pass: together two thirds of a
+    multiprocess scrape (bench/metrics_scrape.py, "the library's scrape"). This reads each
+    value once into the merge, with the library's rules (counters, summaries and histogram
+    parts summed; cumulative buckets and ``_count``; gauges by their multiprocess mode) and
+    its order of metrics and samples. A test pins the exposition to the library's, byte for
+    byte, as values change (tests/observability/test_multiprocess.py)."""
 
     _MAX_KEYS = 100_000  # the labels are bounded (route templates); this bounds the cache
 
     def __init__(self, registry: CollectorRegistry, path: str | None = None) -> None:
         super().__init__(registry, path)
-        self._keys: dict[str, tuple[str, str, dict[str, str], tuple[Any, ...], str]] = {}
+        self._keys: dict[str, _Key] = {}
+        self._bounds: dict[tuple[Labels, float], Labels] = {}  # a bucket's labels with `le`
 
-    def collect(self) -> Iterable[Any]:
-        files = glob.glob(os.path.join(self._path, "*.db"))
-        return self._accumulate_metrics(self._read(files), True)
-
-    def _parsed(self, key: str) -> tuple[str, str, dict[str, str], tuple[Any, ...], str]:
-        found = self._keys.get(key)
-        if found is None:
-            if len(self._keys) >= self._MAX_KEYS:
-                self._keys.clear()
-            metric_name, name, labels, help_text = json.loads(key)
-            found = (metric_name, name, labels, tuple(sorted(labels.items())), help_text)
-            self._keys[key] = found
-        return found
-
-    def _read(self, files: list[str]) -> dict[str, Metric]:
-        """As ``MultiProcessCollector._read_metrics``, with the cached key parse."""
-        metrics: dict[str, Metric] = {}
-        for path in files:
+    def collect(self) -> Iterable[Metric]:
+        merges: dict[str, _Merge] = {}
+        for path in glob.glob(os.path.join(self._path, "*.db")):
             parts = os.path.basename(path).split("_")
             typ = parts[0]
             try:
@@ -243,19 +264,92 @@ class _KeyCachingCollector(multiprocess.MultiProcessCollector):
                 if typ == "gauge" and parts[1].startswith("live"):
                     continue  # a live gauge's file, gone with its process since the glob
                 raise
-            for key, value, timestamp, _ in values:
-                metric_name, name, _, labels_key, help_text = self._parsed(key)
-                metric = metrics.get(metric_name)
-                if metric is None:
-                    metric = metrics[metric_name] = Metric(metric_name, help_text, typ)
-                # Labels as sorted tuples, as the library has them: its merge makes dicts.
-                if typ == "gauge":
-                    metric._multiprocess_mode = parts[1]  # type: ignore[attr-defined]
-                    with_pid = (*labels_key, ("pid", parts[2][:-3]))
-                    metric.add_sample(name, with_pid, value, timestamp)  # type: ignore[arg-type]
-                else:
-                    metric.add_sample(name, labels_key, value)  # type: ignore[arg-type]
-        return metrics
+            if typ == "gauge":
+                self._gauges(merges, values, parts[1], parts[2][:-3])
+                continue
+            for raw, value, _, _ in values:
+                key = self._parsed(raw)
+                merge = merges.get(key.metric)
+                if merge is None:
+                    merge = merges[key.metric] = _Merge(Metric(key.metric, key.help_text, typ))
+                if typ == "histogram" and key.bucket is not None:
+                    without_le, bound = key.bucket
+                    bounds = merge.buckets.setdefault(without_le, {})
+                    bounds[bound] = bounds.get(bound, 0.0) + value
+                else:  # counters, summaries, a histogram's _sum
+                    group = merge.groups.setdefault(key.labels, {})
+                    sample = (key.name, key.labels)
+                    group[sample] = group.get(sample, 0.0) + value
+        return [self._samples(merge) for merge in merges.values()]
+
+    def _gauges(
+        self, merges: dict[str, _Merge], values: Iterable[Any], mode: str, pid: str
+    ) -> None:
+        """One process's gauge file, merged by the gauges' multiprocess ``mode``: the min,
+        max, sum or most recent value across processes (``live*`` alike: a dead process's
+        file is removed), otherwise (``all``) one sample per process, labelled ``pid``."""
+        across = mode.removeprefix("live")
+        for raw, value, timestamp, _ in values:
+            key = self._parsed(raw)
+            merge = merges.get(key.metric)
+            if merge is None:
+                merge = merges[key.metric] = _Merge(Metric(key.metric, key.help_text, "gauge"))
+            labels = key.labels
+            if across not in ("min", "max", "sum", "mostrecent"):
+                labels = (*labels, ("pid", pid))
+            sample = (key.name, labels)
+            if across == "mostrecent":
+                at = float(timestamp or 0)
+                if merge.stamps.get((labels, key.name), 0.0) < at:
+                    merge.groups.setdefault(labels, {})[sample] = value
+                    merge.stamps[(labels, key.name)] = at
+                continue
+            group = merge.groups.setdefault(labels, {})
+            if across == "sum":
+                group[sample] = group.get(sample, 0.0) + value
+            elif across == "min":
+                group[sample] = min(group.get(sample, value), value)
+            elif across == "max":
+                group[sample] = max(group.get(sample, value), value)
+            else:
+                group[sample] = value
+
+    def _samples(self, merge: _Merge) -> Metric:
+        metric = merge.metric
+        for labels, bounds in merge.buckets.items():
+            group = merge.groups.setdefault(labels, {})
+            total = 0.0
+            for bound, value in sorted(bounds.items()):
+                total += value
+                group[(f"{metric.name}_bucket", self._with_le(labels, bound))] = total
+            group[(f"{metric.name}_count", labels)] = total
+        metric.samples = [
+            Sample(name, dict(labels), value)
+            for group in merge.groups.values()
+            for (name, labels), value in group.items()
+        ]
+        return metric
+
+    def _with_le(self, labels: Labels, bound: float) -> Labels:
+        found = self._bounds.get((labels, bound))
+        if found is None:
+            found = self._bounds[(labels, bound)] = (*labels, ("le", floatToGoString(bound)))
+        return found
+
+    def _parsed(self, raw: str) -> _Key:
+        found = self._keys.get(raw)
+        if found is None:
+            if len(self._keys) >= self._MAX_KEYS:
+                self._keys.clear()
+                self._bounds.clear()
+            metric, name, labels, help_text = json.loads(raw)
+            ordered: Labels = tuple(sorted(labels.items()))
+            bucket = None
+            if "le" in labels:
+                without_le = tuple(pair for pair in ordered if pair[0] != "le")
+                bucket = (without_le, float(labels["le"]))
+            found = self._keys[raw] = _Key(metric, name, ordered, help_text, bucket)
+        return found
 
 
 @lru_cache
@@ -265,12 +359,108 @@ def registry() -> CollectorRegistry:
     if multiprocess_dir() is None:
         return REGISTRY
     merged = CollectorRegistry()
-    _KeyCachingCollector(merged)
+    _MergingCollector(merged)
     return merged
 
 
+# The text format's name suffix and type for an OpenMetrics type (generate_latest's munging).
+_TEXT_NAMES = {
+    "counter": ("_total", "counter"),
+    "info": ("_info", "gauge"),
+    "stateset": ("", "gauge"),
+    "gaugehistogram": ("", "histogram"),
+    "unknown": ("", "untyped"),
+}
+# Samples the text format has no place for in their metric: each suffix becomes a gauge.
+_OPENMETRICS_ONLY = ("_created", "_gsum", "_gcount")
+
+
+class _TextFormat:
+    """prometheus-client's ``generate_latest`` (the text format, version 0.0.4), keeping each
+    series' formatted name and labels between scrapes.
+
+    The library formats every sample's name and labels again at each scrape: sorting,
+    validating and escaping each label, a third of a scrape's time (bench/metrics_scrape.py).
+    The series are bounded (route templates, never run ids), so each is formatted once and
+    a scrape formats only the values. A test pins the bytes to the library's."""
+
+    _MAX_SERIES = 100_000  # bounds the cache as _MergingCollector's
+
+    def __init__(self) -> None:
+        self._heads: dict[tuple[str, str, str], str] = {}
+        # (sample name, labels) -> (its line up to the value, OpenMetrics-only suffix or "")
+        self._series: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[str, str]] = {}
+
+    def __call__(self, registry: CollectorRegistry) -> bytes:
+        series = self._series
+        if len(series) >= self._MAX_SERIES:
+            series.clear()
+        output: list[str] = []
+        for metric in registry.collect():
+            output.append(self._head(metric.name, metric.type, metric.documentation))
+            trailing: dict[str, list[str]] = {}
+            for sample in metric.samples:
+                key = (sample.name, tuple(sample.labels.items()))
+                found = series.get(key)
+                if found is None:
+                    found = series[key] = self._prefix(metric.name, sample.name, key[1])
+                prefix, suffix = found
+                value = floatToGoString(sample.value)
+                if sample.timestamp is None:
+                    line = f"{prefix}{value}\n"
+                else:
+                    line = f"{prefix}{value} {int(float(sample.timestamp) * 1000):d}\n"
+                if suffix:
+                    trailing.setdefault(suffix, []).append(line)
+                else:
+                    output.append(line)
+            for suffix, lines in sorted(trailing.items()):
+                name = metric.name + suffix
+                output.append(self._head(name, "gauge", metric.documentation, plain=True))
+                output.extend(lines)
+        return "".join(output).encode("utf-8")
+
+    def _head(self, name: str, typ: str, documentation: str, *, plain: bool = False) -> str:
+        """The ``# HELP`` and ``# TYPE`` lines, with the text format's names for OpenMetrics
+        types (a counter's ``_total``, an info's ``_info``); ``plain``: as given."""
+        key = (name, "" if plain else typ, documentation)
+        found = self._heads.get(key)
+        if found is None:
+            if not plain:
+                suffix, typ = _TEXT_NAMES.get(typ, ("", typ))
+                name += suffix
+            escaped = escape_metric_name(name)
+            doc = documentation.replace("\\", r"\\").replace("\n", r"\n")
+            found = self._heads[key] = f"# HELP {escaped} {doc}\n# TYPE {escaped} {typ}\n"
+        return found
+
+    @staticmethod
+    def _prefix(
+        metric_name: str, sample_name: str, labels: tuple[tuple[str, str], ...]
+    ) -> tuple[str, str]:
+        """A sample's line up to its value, and its OpenMetrics-only suffix ("" if none:
+        those samples go under a gauge of their own after the metric's)."""
+        name = escape_metric_name(sample_name)
+        if labels:
+            pairs = ",".join(
+                f'{escape_label_name(k)}="{_escape_label_value(v)}"' for k, v in sorted(labels)
+            )
+            name = f"{name}{{{pairs}}}"
+        suffix = next((s for s in _OPENMETRICS_ONLY if sample_name == metric_name + s), "")
+        return f"{name} ", suffix
+
+
+def _escape_label_value(value: str) -> str:
+    """The text format's escaping of a label value (backslash, newline, double quote)."""
+    return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+
+
+_text_format = _TextFormat()
+
+
 def exposition() -> bytes:
-    return generate_latest(registry())
+    """A scrape of :func:`registry` in the text format (what ``generate_latest`` writes)."""
+    return _text_format(registry())
 
 
 def process_exited(pid: int | None = None) -> None:
@@ -363,30 +553,39 @@ class _Quiet(WSGIRequestHandler):
         pass
 
 
-def _guarded(app: Callable[..., Any], token: str | None) -> Callable[..., Any]:
-    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+def metrics_app(token: str | None) -> Callable[..., Any]:
+    """The metrics port's WSGI app: :func:`exposition`, gzipped when the scraper accepts it
+    (Prometheus does), behind ``token`` when one is set. Always the text format, as the
+    API's ``/metrics``: Prometheus reads it whatever it asks for first."""
+
+    def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         if not token_ok(token, environ.get("HTTP_AUTHORIZATION")):
             start_response(
                 "401 Unauthorized",
                 [("Content-Type", "text/plain"), ("WWW-Authenticate", "Bearer")],
             )
             return [b"metrics token required\n"]
-        return app(environ, start_response)
+        body = exposition()
+        headers = [("Content-Type", CONTENT_TYPE_LATEST)]
+        if gzip_accepted(environ.get("HTTP_ACCEPT_ENCODING", "")):
+            # Level 1: a tenth of the default's time for 15% more bytes (a scrape is ~3 KB).
+            body = gzip.compress(body, compresslevel=1)
+            headers.append(("Content-Encoding", "gzip"))
+        start_response("200 OK", headers)
+        return [body]
 
-    return guarded
+    return app
 
 
 def serve(port: int, token: str | None = None, host: str = "0.0.0.0") -> WSGIServer | None:
-    """Serve :func:`registry` on ``port`` from a daemon thread; None if the port is taken.
+    """Serve :func:`exposition` on ``port`` from a daemon thread; None if the port is taken.
 
-    prometheus-client's ``start_http_server`` with the token check in front. Under several
+    As prometheus-client's ``start_http_server``, with the token check in front. Under several
     API processes the first one binds the port and serves everyone's merged values; the
     others find it taken, which is fine.
     """
     try:
-        server = make_server(
-            host, port, _guarded(make_wsgi_app(registry()), token), _Server, _Quiet
-        )
+        server = make_server(host, port, metrics_app(token), _Server, _Quiet)
     except OSError as exc:
         log.info("metrics port %d not bound here (%s); another process serves it", port, exc)
         return None

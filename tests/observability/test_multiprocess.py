@@ -128,35 +128,57 @@ async def test_step_and_rollout_counters_move_during_a_real_run(
     assert value(own, "trainyard_training_steps_total") == steps
 
 
-def test_the_key_caching_merge_exposes_what_the_librarys_does(tmp_path: Path) -> None:
-    """The scrape's own read of the process files (keys parsed once, kept between scrapes)
-    gives exactly the library's exposition, and follows the values as they change."""
+def test_the_scrapes_merge_exposes_what_the_librarys_does(tmp_path: Path) -> None:
+    """The scrape's own merge of the process files (one pass, keys parsed once and kept
+    between scrapes) and its text format give exactly the library's exposition, for every
+    kind of file and gauge mode, and follow the values as they change."""
     from prometheus_client import CollectorRegistry, generate_latest
     from prometheus_client.mmap_dict import MmapedDict, mmap_key
 
-    from app.observability.prometheus import _KeyCachingCollector
+    from app.observability.prometheus import _MergingCollector
 
     def write(pid: int, step: float) -> None:
-        counter = MmapedDict(str(tmp_path / f"counter_{pid}.db"))
-        histogram = MmapedDict(str(tmp_path / f"histogram_{pid}.db"))
-        gauge = MmapedDict(str(tmp_path / f"gauge_livesum_{pid}.db"))
+        files = {
+            typ: MmapedDict(str(tmp_path / f"{typ}_{pid}.db"))
+            for typ in ("counter", "histogram", "summary")
+        }
         for route in ("/runs", "/runs/{run_id}"):
             key = mmap_key("req", "req_total", ["route"], [route], "Requests.")
-            counter.write_value(key, 3 * step + pid, 0)
-            for le in ("0.1", "1.0", "+Inf"):
+            files["counter"].write_value(key, 3 * step + pid, 0)
+            # Bounds out of order, as a process writes them when first observed.
+            for le, count in (("1.0", 2), ("+Inf", 3), ("0.1", 1)):
                 bucket = mmap_key("lat", "lat_bucket", ["route", "le"], [route, le], "Latency.")
-                histogram.write_value(bucket, step + float(le.replace("+Inf", "2")), 0)
+                files["histogram"].write_value(bucket, step + count, 0)
             total = mmap_key("lat", "lat_sum", ["route"], [route], "Latency.")
-            histogram.write_value(total, 0.5 * step, 0)
-        gauge.write_value(mmap_key("busy", "busy", [], [], "In flight."), step, 0)
-        for mapped in (counter, histogram, gauge):
+            files["histogram"].write_value(total, 0.5 * step, 0)
+        for part in ("count", "sum"):
+            key = mmap_key("size", f"size_{part}", ["kind"], ["json"], "Sizes.")
+            files["summary"].write_value(key, step * pid, 0)
+        for mode in ("all", "liveall", "min", "max", "livesum", "mostrecent", "livemostrecent"):
+            gauge = MmapedDict(str(tmp_path / f"gauge_{mode}_{pid}.db"))
+            for queue in ("gpu", "control"):
+                key = mmap_key(mode, mode, ["queue"], [queue], f"A {mode} gauge.")
+                # A later process wins "most recent" on even steps, an earlier one on odd.
+                at = pid * step if step % 2 == 0 else (1000 - pid) * step
+                spread = {"min": (5, 1, 9), "max": (5, 9, 1)}.get(mode, (pid, pid, pid))
+                gauge.write_value(key, step * spread[pid - 101] + len(queue), at)
+            files[mode] = gauge
+        for mapped in files.values():
             mapped.close()
 
     ours, theirs = CollectorRegistry(), CollectorRegistry()
-    _KeyCachingCollector(ours, path=str(tmp_path))
+    _MergingCollector(ours, path=str(tmp_path))
     multiprocess.MultiProcessCollector(theirs, path=str(tmp_path))
     for step in (1.0, 2.0, 5.0):  # the second and third scrapes use the cached keys
-        for pid in (101, 102):
+        for pid in (101, 102, 103):
             write(pid, step)
-        assert generate_latest(ours) == generate_latest(theirs)
-        assert f'req_total{{route="/runs"}} {2 * 3 * step + 203}'.encode() in generate_latest(ours)
+        assert prometheus._TextFormat()(ours) == generate_latest(theirs)
+        text = generate_latest(ours).decode()
+        assert f'req_total{{route="/runs"}} {3 * 3 * step + 306}' in text
+        assert f'lat_bucket{{le="1.0",route="/runs"}} {3 * (2 * step + 3)}' in text
+        assert f'lat_count{{route="/runs"}} {3 * (3 * step + 6)}' in text
+        newest = 103 if step % 2 == 0 else 101
+        assert f'mostrecent{{queue="gpu"}} {step * newest + 3}' in text
+        assert f'min{{queue="gpu"}} {step + 3}' in text
+        assert f'max{{queue="gpu"}} {step * 9 + 3}' in text
+        assert f'livesum{{queue="gpu"}} {step * (101 + 102 + 103) + 9}' in text
