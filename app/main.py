@@ -22,6 +22,7 @@ from app.core.services import database_url, redis_url
 from app.core.settings import Settings, get_settings
 from app.datasets.router import router as datasets_router
 from app.datasets.upload import MULTIPART_ENVELOPE_BYTES
+from app.events.conditional import Answered, NotModified
 from app.events.fanout import EventHub
 from app.events.router import router as events_router
 from app.health import broker_client
@@ -124,6 +125,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     if settings.metrics_enabled and settings.metrics_port is None:
         app.include_router(prometheus.metrics_router(settings.metrics_token))
     install_openapi(app, settings)  # links, exact parameters, the page size cap
+    # Innermost: a poller's 304 from what the event hub knows, before routing.
+    app.state.answered = Answered()
+    app.add_middleware(NotModified, answered=app.state.answered)
     if settings.rate_limit_per_second > 0:
         app.add_middleware(RateLimitHeaders)
     app.add_middleware(

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -33,25 +33,40 @@ def _rate_limited(limiter: RateLimiter, decision: Decision) -> Problem:
     )
 
 
+async def principal_of(app_state: Any, key: str) -> Principal:
+    """The principal of an API key; raises the 401 problem."""
+    principal = await authenticate(app_state.pg, key, app_state.key_cache)
+    if principal is None:
+        raise _unauthorized("Unknown or revoked API key.")
+    bind_log_context(project_id=principal.project_id)  # the request's lines, its access line
+    return principal
+
+
+async def count_request(
+    app_state: Any, request_state: dict[str, Any], principal: Principal
+) -> None:
+    """Count the request against its key's rate limit, keeping the decision in the request's
+    state for its ``RateLimit-*`` headers; raises the 429 problem (a refused request counts
+    nothing, so asking again costs the key nothing)."""
+    limiter: RateLimiter | None = app_state.rate_limiter
+    if limiter is not None:
+        decision = await limiter.hit(principal.key_id.hex)
+        if decision is not None:  # None: Redis is unreachable, and the request goes through
+            if not decision.allowed:
+                raise _rate_limited(limiter, decision)
+            request_state[STATE_KEY] = decision
+
+
+# Every keyed request comes through both: the routes' dependency below, and the 304s answered
+# before routing (app/events/conditional.py).
 async def current_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise _unauthorized("Send an API key as 'Authorization: Bearer <key>'.")
-    principal = await authenticate(
-        request.app.state.pg, credentials.credentials, request.app.state.key_cache
-    )
-    if principal is None:
-        raise _unauthorized("Unknown or revoked API key.")
-    bind_log_context(project_id=principal.project_id)  # the request's lines, its access line
-    limiter: RateLimiter | None = request.app.state.rate_limiter
-    if limiter is not None:
-        decision = await limiter.hit(principal.key_id.hex)
-        if decision is not None:  # None: Redis is unreachable, and the request goes through
-            if not decision.allowed:
-                raise _rate_limited(limiter, decision)
-            setattr(request.state, STATE_KEY, decision)
+    principal = await principal_of(request.app.state, credentials.credentials)
+    await count_request(request.app.state, request.scope.setdefault("state", {}), principal)
     return principal
 
 

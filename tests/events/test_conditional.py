@@ -1,18 +1,23 @@
 """ETag / If-None-Match on a run's event pages and metric series (app/events/conditional.py):
 a 304 while nothing new, from what the hub knows and with no query; a fresh answer as soon as
-an event (or a metrics write, which always comes with one) commits."""
+an event (or a metrics write, which always comes with one) commits. A 304 answered before
+routing keeps every check the route makes: the key, the rate limit, the query's validity."""
 
 from __future__ import annotations
 
 import uuid
+import zlib
 from typing import Any
 
 import asyncpg
 from sqlalchemy import text
 
 from app.core.pg import connect_kwargs
+from app.core.settings import get_settings
 from app.events.fanout import EventHub
+from tests.support.database import app_on, client_of
 from tests.support.events import append_events, event_id, hub_listening, new_run, streams
+from tests.support.prometheus import value
 
 
 async def _get(client: Any, url: str, tenant: Any, tag: str | None = None, **params: Any) -> Any:
@@ -137,3 +142,59 @@ async def test_without_the_hub_the_database_answers(
         assert (await _get(client, url, tenant, tag)).status_code == 200
     finally:
         api.state.event_hub = listening
+
+
+async def test_a_304_before_routing_keeps_the_routes_checks(
+    api: Any, client: Any, tenant: Any
+) -> None:
+    await hub_listening(api.state.event_hub)
+    run_id = await new_run(client, tenant)
+    url = f"/runs/{run_id}/events"
+    tag = (await _get(client, url, tenant, limit=10)).headers["ETag"]
+    metric = {"route": "/runs/{run_id}/events", "status": "304", "method": "GET"}
+    before = value((await client.get("/metrics")).text, "trainyard_http_requests_total", **metric)
+    for _ in range(3):
+        again = await _get(client, url, tenant, tag, limit=10)
+        assert again.status_code == 304 and again.headers["ETag"] == tag
+        assert again.headers["x-request-id"]
+    # Counted under the route's template, as a 304 the route answers.
+    after = value((await client.get("/metrics")).text, "trainyard_http_requests_total", **metric)
+    assert after == before + 3
+
+    # A query the route refuses, with the tag it would have: the route's 422, every time.
+    latest = tag.strip('"').split(".")[0]
+    forged = f'"{latest}.{zlib.crc32(b"limit=0"):08x}"'
+    for _ in range(2):
+        refused = await _get(client, url, tenant, forged, limit=0)
+        assert refused.status_code == 422, refused.text
+        assert refused.json()["errors"][0]["field"] == "query.limit"
+    # No key, or one the service does not know: the route's 401, whatever the tag.
+    assert (
+        await client.get(url, params={"limit": 10}, headers={"If-None-Match": tag})
+    ).status_code == 401
+    unknown = {"Authorization": "Bearer ty_unknown", "If-None-Match": tag}
+    assert (await client.get(url, params={"limit": 10}, headers=unknown)).status_code == 401
+
+
+async def test_a_304_before_routing_counts_once_against_the_rate_limit(
+    service_urls: tuple[str, str], make_tenant: Any
+) -> None:
+    settings = get_settings().model_copy(
+        update={"rate_limit_per_second": 0.01, "rate_limit_burst": 4}
+    )
+    async with app_on(settings) as app, client_of(app) as client:
+        await hub_listening(app.state.event_hub)
+        tenant = await make_tenant()
+        run_id = await new_run(client, tenant)  # 1 of 4
+        url = f"/runs/{run_id}/metrics"
+        first = await _get(client, url, tenant)  # 2
+        assert first.headers["ratelimit-remaining"] == "2"
+        remaining = []
+        for _ in range(2):  # 3, 4
+            again = await _get(client, url, tenant, first.headers["ETag"])
+            assert again.status_code == 304
+            remaining.append(again.headers["ratelimit-remaining"])
+        assert remaining == ["1", "0"]
+        refused = await _get(client, url, tenant, first.headers["ETag"])
+        assert refused.status_code == 429
+        assert refused.headers["content-type"] == "application/problem+json"
