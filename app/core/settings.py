@@ -107,7 +107,8 @@ class Settings(BaseSettings):
     sse_keepalive_seconds: float = Field(
         default=15.0,
         gt=0,
-        description="An idle SSE stream sends a comment this often, so proxies keep it open.",
+        description="An idle SSE stream sends a comment after this long without a message "
+        "(within a quarter more), so proxies keep it open.",
     )
     judge_base_url: str | None = Field(
         default=None,

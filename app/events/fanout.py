@@ -20,6 +20,11 @@ Exactly once and in order, per subscriber:
   buffer holds more than ``buffer`` events it is closed with a retry hint, and its client
   resumes from its last id (``Last-Event-ID``), reading the log.
 
+What a live event costs is one write per subscriber: the hub gathers what commits within
+``gather_seconds`` into one read and one chunk, and one timer of its own sends the idle
+streams their keep-alives (a timer per stream's wait was a tenth of the API's time under a
+thousand streams: bench/watchers.py).
+
 A stream ends after its run's last event: the events and the run's status are read in one
 statement (one snapshot), so a terminal status comes with the event that recorded it.
 """
@@ -29,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator
@@ -60,6 +66,8 @@ class Subscriber:
     queued: int = 0  # events in pending
     ended: bytes | None = None  # the `end` message, once the hub saw the run's last event
     dropped: bool = False  # fell more than `buffer` events behind
+    quiet: bool = False  # sent nothing for a keep-alive period: send one
+    sent_at: float = field(default_factory=time.monotonic)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
 
     def offer(self, batch: StreamBatch) -> None:
@@ -134,18 +142,22 @@ class EventHub:
         self._known: OrderedDict[uuid.UUID, _Known] = OrderedDict()
         self._epoch = 0  # bumped on every (re)connect: what was known before may be stale
         self._listening = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._listen_forever(), name="event-hub")
+        self._tasks = [
+            asyncio.create_task(self._listen_forever(), name="event-hub"),
+            asyncio.create_task(self._keep_alive_forever(), name="event-hub-keep-alive"),
+        ]
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+                await task
         for state in self._runs.values():
             if state.reading is not None:
                 state.reading.cancel()
@@ -185,6 +197,19 @@ class EventHub:
             self._known.clear()
             with contextlib.suppress(Exception):
                 await conn.close(timeout=1)
+
+    async def _keep_alive_forever(self) -> None:
+        """Each stream that sent nothing for ``keepalive`` seconds is told to send a
+        keep-alive: within a quarter period more, one timer for all of them."""
+        period = self._keepalive / 4
+        while True:
+            await asyncio.sleep(period)
+            due = time.monotonic() - self._keepalive
+            for state in self._runs.values():
+                for subscriber in state.subscribers:
+                    if subscriber.sent_at <= due:
+                        subscriber.quiet = True
+                        subscriber.wake.set()
 
     # -- subscribing -------------------------------------------------------------------
 
@@ -271,11 +296,13 @@ class EventHub:
         state.reading = asyncio.create_task(self._read(run_id, state))
 
     async def _read(self, run_id: uuid.UUID, state: _Run) -> None:
-        if self._gather:
-            # A step commits a few transactions in quick succession: one read (and one write
-            # to each subscriber) for all of them, instead of one each.
-            await asyncio.sleep(self._gather)
+        gather = True
         while True:
+            if gather and self._gather:
+                # A step commits a few transactions in quick succession: one read (and one
+                # write to each subscriber) for all of them, instead of one each. Commits
+                # notified during a read are gathered again, not read at once.
+                await asyncio.sleep(self._gather)
             state.again = False
             assert state.cursor is not None
             try:
@@ -290,7 +317,8 @@ class EventHub:
                 state.cursor = batch.events[-1][0]
             for subscriber in state.subscribers:
                 subscriber.offer(batch)
-            if not (state.again or len(batch.events) == STREAM_BATCH):
+            gather = len(batch.events) < STREAM_BATCH  # a full batch: read the rest at once
+            if gather and not state.again:
                 return
 
 
@@ -317,19 +345,14 @@ class Subscription:
             if len(batch.events) < STREAM_BATCH:
                 break
         while True:
-            if not me.pending and me.ended is None and not me.dropped:
+            if not me.pending and me.ended is None and not me.dropped and not me.quiet:
                 me.wake.clear()
-                try:
-                    # asyncio.timeout, not wait_for: no task per wait (a profile of 1,000
-                    # streams found a quarter of the API's time creating them).
-                    async with asyncio.timeout(self._hub._keepalive):
-                        await me.wake.wait()
-                except TimeoutError:
-                    yield KEEP_ALIVE
-                    continue
+                await me.wake.wait()  # the hub's offer, or its keep-alive timer
             fresh = me.take()  # one write for everything that came at once
-            if fresh:
-                yield fresh
+            quiet, me.quiet = me.quiet, False
+            if fresh or quiet:
+                me.sent_at = time.monotonic()
+                yield fresh or KEEP_ALIVE
             if me.dropped:
                 # Resume from the last id sent: the client reconnects with Last-Event-ID.
                 yield TOO_FAR_BEHIND

@@ -11,7 +11,7 @@ import asyncpg
 from sqlalchemy import text
 
 from app.core.pg import connect_kwargs
-from app.events.fanout import TOO_FAR_BEHIND, EventHub
+from app.events.fanout import KEEP_ALIVE, TOO_FAR_BEHIND, EventHub
 from tests.support.events import (
     all_received,
     append_events,
@@ -130,5 +130,42 @@ async def test_a_slow_subscriber_is_closed_and_the_others_get_everything(
         expected = await event_ids(sessionmaker, run_id)
         assert [event_id(m) for m in fast] == expected
         assert rest == expected[len(initial) :]
+    finally:
+        await hub.close()
+
+
+async def test_an_idle_stream_gets_a_keep_alive_each_period(
+    api: Any, client: Any, tenant: Any, sessionmaker: Any, service_urls: tuple[str, str]
+) -> None:
+    """One timer of the hub's keeps every idle stream alive: a comment after ``keepalive``
+    seconds without a message, never sooner, and again each period; an event resets it."""
+    keepalive = 0.3
+    hub = EventHub(service_urls[0], api.state.pg, buffer=100, keepalive_seconds=keepalive)
+    hub.start()
+    try:
+        await hub_listening(hub)
+        run_id = await new_run(client, tenant)
+        initial = await event_ids(sessionmaker, run_id)
+        async with hub.subscribe(run_id, initial[-1]) as subscription:
+            chunks = subscription.messages()
+            loop = asyncio.get_running_loop()
+            last = loop.time()
+            gaps = []
+            for _ in range(3):
+                async with asyncio.timeout(10):
+                    assert await anext(chunks) == KEEP_ALIVE
+                gaps.append(loop.time() - last)
+                last = loop.time()
+            (new_id,) = await append_events(sessionmaker, run_id, 1)
+            async with asyncio.timeout(10):
+                chunk = await anext(chunks)
+            after_event = loop.time()
+            assert event_id(chunk.decode()) == new_id
+            async with asyncio.timeout(10):
+                assert await anext(chunks) == KEEP_ALIVE
+        # Each after a full period of silence (the clock's resolution aside), none late by
+        # more than a quarter period and a loaded machine's scheduling.
+        assert all(keepalive * 0.95 <= gap < keepalive * 4 for gap in gaps), gaps
+        assert loop.time() - after_event >= keepalive * 0.95
     finally:
         await hub.close()
