@@ -887,8 +887,12 @@ def _looks_like_path(value: str) -> bool:
     return value.startswith((".", "~", "/")) or value.count("/") > 1 or value.endswith("/")
 
 
-def local_model_path(value: str, bases: Sequence[Path], where: str) -> str:
-    """``model_name`` made absolute against the first of ``bases`` holding it, since the
+# The fields of a run body that name a model the worker loads: a folder or a hub id.
+MODEL_FIELDS = ("model_name", "teacher.student_model")
+
+
+def local_model_path(value: str, bases: Sequence[Path], where: str, field: str) -> str:
+    """A model ``field`` made absolute against the first of ``bases`` holding it, since the
     worker reads it from another working directory; a hub id is left as it is."""
     path = Path(value).expanduser()
     if path.is_absolute():
@@ -899,14 +903,30 @@ def local_model_path(value: str, bases: Sequence[Path], where: str) -> str:
     if _looks_like_path(value):
         tried = " or ".join(str(b) for b in dict.fromkeys(bases))
         raise CliError(
-            f"model_name {value!r} ({where}) is not a folder in {tried}: give an absolute path "
+            f"{field} {value!r} ({where}) is not a folder in {tried}: give an absolute path "
             "(`trainyard tiny-model` builds the tiny model and prints its path)"
         )
     return value
 
 
-def _model_override(overrides: list[str]) -> bool:
-    return any(item.partition("=")[0].strip() == "model_name" for item in overrides)
+def absolute_model_paths(body: dict[str, Any], preset: Path, overrides: list[str]) -> None:
+    """Each of :data:`MODEL_FIELDS` the body names, relative, made absolute: a preset's
+    against the preset's folder then the current one, an override's against the current
+    folder (where it was typed)."""
+    cwd = Path.cwd()
+    overridden = {item.partition("=")[0].strip() for item in overrides}
+    for field in MODEL_FIELDS:
+        *parents, name = field.split(".")
+        node: Any = body
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or not isinstance(node.get(name), str):
+            continue
+        if field in overridden:
+            bases, where = [cwd], "from the override"
+        else:
+            bases, where = [preset.resolve().parent, cwd], f"from {preset}"
+        node[name] = local_model_path(node[name], bases, where, field)
 
 
 @runs_app.command("create")
@@ -921,8 +941,8 @@ def runs_create(
     as_json: Json = False,
 ) -> None:
     """Create a run from a preset file (plus overrides); prints the run's id (the run with
-    --json). A relative model_name is a folder next to the preset or in the current folder
-    (an override's: in the current folder) and is sent as an absolute path."""
+    --json). A relative model_name or teacher.student_model is a folder next to the preset or
+    in the current folder (an override's: in the current folder), sent as an absolute path."""
     import yaml
 
     from app.core.config_files import apply_overrides, load_preset
@@ -936,13 +956,7 @@ def runs_create(
         body = apply_overrides(loaded, overrides)
     except ValueError as exc:
         raise CliError(str(exc), code=2) from exc
-    if isinstance(body.get("model_name"), str):
-        cwd = Path.cwd()
-        if _model_override(overrides):
-            bases, where = [cwd], "from the override"
-        else:
-            bases, where = [preset.resolve().parent, cwd], f"from {preset}"
-        body["model_name"] = local_model_path(body["model_name"], bases, where)
+    absolute_model_paths(body, preset, overrides)
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
     run = Api(api_url, api_key).call("POST", "/runs", json=body, headers=headers)
     if as_json:

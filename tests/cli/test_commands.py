@@ -11,6 +11,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -235,6 +236,8 @@ def test_relative_model_paths_are_sent_absolute(server: Server, tmp_path: Path) 
     (checkout / "configs" / "runs").mkdir(parents=True)
     preset = checkout / "configs" / "runs" / "letters.yaml"
     preset.write_text((ROOT / "configs" / "runs" / "letters.yaml").read_text())
+    teacher = checkout / "configs" / "runs" / "teacher-letters.yaml"
+    teacher.write_text((ROOT / "configs" / "runs" / "teacher-letters.yaml").read_text())
     model = checkout / ".trainyard" / "models" / "tiny-llama"
     model.mkdir(parents=True)
     # ... and a preset that names a model next to itself.
@@ -243,14 +246,20 @@ def test_relative_model_paths_are_sent_absolute(server: Server, tmp_path: Path) 
     beside = tmp_path / "presets" / "run.yaml"
     beside.write_text(json.dumps(_run_body(model_name="../models/m")))
 
-    def sent(cwd: Path, *args: str) -> str:
+    def created(cwd: Path, *args: str) -> dict[str, Any]:
         done = cli("runs", "create", *args, "--json", *_api(server), cwd=cwd, env=server.env)
         assert done.returncode == 0, done.stderr
-        run = json.loads(done.stdout)
+        run: dict[str, Any] = json.loads(done.stdout)
         cli("runs", "cancel", run["id"], *_api(server), cwd=cwd, env=server.env)
-        return str(run["model_name"])
+        return run
+
+    def sent(cwd: Path, *args: str) -> str:
+        return str(created(cwd, *args)["model_name"])
 
     assert sent(checkout, "configs/runs/letters.yaml") == str(model)
+    # A teacher run's student is a model the worker loads too.
+    run = created(checkout, "configs/runs/teacher-letters.yaml")
+    assert (run["model_name"], run["teacher"]["student_model"]) == (str(model), str(model))
     assert sent(tmp_path, str(beside)) == str(tmp_path / "models" / "m")
     # An override is typed in the current folder, so it is read from there.
     assert sent(tmp_path / "presets", "run.yaml", "model_name=../models/m") == str(
@@ -264,6 +273,18 @@ def test_relative_model_paths_are_sent_absolute(server: Server, tmp_path: Path) 
         cli("runs", "create", str(preset), *_api(server), cwd=tmp_path, env=server.env)
     )
     assert "'.trainyard/models/tiny-llama'" in line and "tiny-model" in line
+    line = _one_line_error(
+        cli(
+            "runs",
+            "create",
+            str(teacher),
+            f"model_name={model}",
+            *_api(server),
+            cwd=tmp_path,
+            env=server.env,
+        )
+    )
+    assert line.startswith("error: teacher.student_model '.trainyard/models/tiny-llama'"), line
 
 
 @pytest.mark.slow
