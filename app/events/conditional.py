@@ -14,8 +14,8 @@ there a few milliseconds after its commit, not at the instant of it.
 Such a 304 is answered before routing (:class:`NotModified`): routing, dependencies and
 validation are most of what a request costs the API here, and a poller that is told "no
 change" needs none of them. It takes the same key check and rate limit as every keyed
-request (``app.auth.deps``), and only for a URL this process has answered before
-with a body: a query the route would refuse gets its 422, whatever tag comes with it.
+request (``app.auth.deps``), and only for a URL (route, run, query) the route itself has
+validated and answered before: a query it would refuse gets its 422, whatever the tag.
 Anything else (no key, a run the hub does not know, a stale tag) goes on to the route.
 """
 
