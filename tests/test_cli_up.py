@@ -49,7 +49,8 @@ def test_up_serves_the_api_and_other_folders_find_it(folder: Path) -> None:
         assert base == f"http://127.0.0.1:{up.port}" and state["api_key"].startswith("ty_")
         # The same state where a terminal in any other folder looks for it.
         assert json.loads((folder / "user" / ".trainyard" / "up.json").read_text()) == state
-        assert state["api_key"] in up.output()
+        # Printed just after the state is written: wait for the line, not the file.
+        wait_for("up to print its key", lambda: state["api_key"] in up.output(), 30, up.log)
 
         # From another folder, nothing exported: the up's database, not a new one there.
         made = cli("keys", "create", "--project", "other", "--json", cwd=elsewhere, env=env)
