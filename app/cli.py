@@ -26,6 +26,8 @@ import typer
 from rich.console import Console
 from typer.core import TyperGroup
 
+from app.auth.roles import Role  # an enum alone: `keys create --role` lists its values
+
 if TYPE_CHECKING:  # the CLI starts without httpx until a command talks to the API
     import httpx
 
@@ -481,11 +483,23 @@ def up(
             started.append(rd)
             broker = rd.url
             say(f"embedded Redis ({'started' if rd.started else 'reused'}) in {home}")
+        # One person's machine: the runs are its user's own, so they may name any code.
+        policy = settings.code_policy or "open"
+        say(
+            f"code policy {policy}"
+            + (
+                ": runs may name any import path, command, URL or model folder "
+                "(TRAINYARD_CODE_POLICY=catalog allows only the catalog's; docs/security.md)"
+                if policy == "open"
+                else f" (catalog: {settings.catalog or 'none, built-ins only'})"
+            )
+        )
         env = {
             **os.environ,
             "TRAINYARD_DATABASE_URL": db_url,
             "TRAINYARD_REDIS_URL": broker,
             "TRAINYARD_HOME": str(home),
+            "TRAINYARD_CODE_POLICY": policy,
         }
         _upgrade(db_url)
         supervisor = Supervisor(env, say, on_change)
@@ -499,7 +513,8 @@ def up(
         if previous is not None and previous.api_key and _key_works(url, previous.api_key):
             key_id, key = previous.api_key_id, previous.api_key
         else:
-            made_id, key = _create_key(db_url, UP_PROJECT, "trainyard up")
+            # Its user's own key: every route, webhooks included.
+            made_id, key = _create_key(db_url, UP_PROJECT, "trainyard up", Role.admin)
             key_id = made_id
         me = psutil.Process()
         state = Installation(
@@ -675,7 +690,7 @@ def _on_database(url: str, work: Callable[[], T]) -> T:
         raise CliError(f"cannot use the database {_safe_url(url)}: {reason}") from exc
 
 
-def _create_key(db_url: str, project: str, name: str | None) -> tuple[str, str]:
+def _create_key(db_url: str, project: str, name: str | None, role: Role) -> tuple[str, str]:
     from app.auth.service import create_key, get_or_create_project
     from app.core.db import make_engine, make_sessionmaker, session_scope
 
@@ -684,7 +699,7 @@ def _create_key(db_url: str, project: str, name: str | None) -> tuple[str, str]:
         try:
             async with session_scope(make_sessionmaker(engine)) as session:
                 proj = await get_or_create_project(session, project)
-                key, plain = await create_key(session, proj, name=name)
+                key, plain = await create_key(session, proj, name=name, role=role)
                 return str(key.id), plain
         finally:
             await engine.dispose()
@@ -696,16 +711,25 @@ def _create_key(db_url: str, project: str, name: str | None) -> tuple[str, str]:
 def keys_create(
     project: Annotated[str, typer.Option(help="Project name; created if it does not exist.")],
     name: Annotated[str | None, typer.Option(help="A label for the key.")] = None,
+    role: Annotated[
+        Role,
+        typer.Option(
+            help="What the key may do in its project: viewer (read only), member (also "
+            "create and control runs, upload datasets) or admin (also webhooks).",
+        ),
+    ] = Role.member,
     as_json: Json = False,
 ) -> None:
     """Create an API key. The key is printed alone on the last line of stdout, once."""
     from app.core.services import client_database_url
 
-    key_id, plain = _create_key(client_database_url(_settings()), project, name)
+    key_id, plain = _create_key(client_database_url(_settings()), project, name, role)
     if as_json:
-        _print_json({"id": key_id, "project": project, "name": name, "key": plain})
+        _print_json(
+            {"id": key_id, "project": project, "name": name, "role": role.value, "key": plain}
+        )
         return
-    err.print(f"key {key_id} for project {project!r} (shown once; store it now):")
+    err.print(f"{role.value} key {key_id} for project {project!r} (shown once; store it now):")
     print(plain, flush=True)
 
 
@@ -742,8 +766,8 @@ def keys_list(
     project: Annotated[str | None, typer.Option(help="Only this project's keys.")] = None,
     as_json: Json = False,
 ) -> None:
-    """List API keys, newest first: id, project, name, the key's first characters, when it
-    was made, last used and revoked. Never a key itself (only its hash is stored)."""
+    """List API keys, newest first: id, project, name, role, the key's first characters, when
+    it was made, last used and revoked. Never a key itself (only its hash is stored)."""
     from app.auth.service import list_keys
     from app.core.db import make_engine, make_sessionmaker, session_scope
     from app.core.services import client_database_url
@@ -766,6 +790,7 @@ def keys_list(
                 "id": str(key.id),
                 "project": name,
                 "name": key.name,
+                "role": str(key.role),
                 "prefix": key.prefix,
                 "created_at": when(key.created_at),
                 "last_used_at": when(key.last_used_at),
@@ -778,8 +803,17 @@ def keys_list(
     if as_json:
         _print_json(keys)
         return
-    headers = ["id", "project", "name", "prefix", "created", "last used", "revoked"]
-    fields = ["id", "project", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    headers = ["id", "project", "name", "role", "prefix", "created", "last used", "revoked"]
+    fields = [
+        "id",
+        "project",
+        "name",
+        "role",
+        "prefix",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     print(_table(headers, [[str(k[f] or "-") for f in fields] for k in keys]), flush=True)
 
 

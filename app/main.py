@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import gc
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI
 
+from app.auth.router import router as auth_router
 from app.auth.service import KeyCache
+from app.catalog.policy import CodePolicy
+from app.catalog.router import router as catalog_router
 from app.checkpoints.router import router as checkpoints_router
 from app.core.db import make_engine, make_sessionmaker
 from app.core.errors import install_error_handlers, problem_responses
@@ -36,6 +40,8 @@ from app.ui.router import router as ui_router
 from app.ui.router import static_files as ui_static
 from app.webhooks.router import router as webhooks_router
 
+log = logging.getLogger(__name__)
+
 try:
     VERSION = version("trainyard")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree
@@ -49,6 +55,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         url = database_url(settings)
         app.state.settings = settings
+        app.state.policy = CodePolicy.from_settings(settings)  # a bad catalog stops the start
+        log.info("%s", app.state.policy.summary())
         engine = make_engine(url, pool_size=settings.db_pool_size)
         app.state.pg = await create_pool(url, size=settings.db_pool_size)
         app.state.engine = engine
@@ -78,7 +86,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else None
         )
         metrics_server = (
-            prometheus.serve(settings.metrics_port, settings.metrics_token)
+            prometheus.serve(settings.metrics_port, settings.metrics_token, settings.metrics_host)
             if settings.metrics_enabled and settings.metrics_port is not None
             else None
         )
@@ -112,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.mount("/ui/static", ui_static, name="ui-static")
     # Every other route needs a key, and any keyed request may be rate-limited.
     for router in (
+        auth_router,
         runs_router,
         events_router,
         metrics_router,
@@ -120,6 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         trajectories_router,
         datasets_router,
         webhooks_router,
+        catalog_router,
     ):
         app.include_router(router, responses=problem_responses(429))
     if settings.metrics_enabled and settings.metrics_port is None:

@@ -35,6 +35,12 @@ from tests.support.database import (
     template_of,
 )
 
+# The suite's runs name test code (tests.support…), local MCP servers and fake judges, as
+# one person's `trainyard up` may: the `open` code policy, for this process and every API
+# and worker process the tests start. Tests of the `catalog` policy (tests/catalog) and the
+# chaos fuzz set their own.
+os.environ.setdefault("TRAINYARD_CODE_POLICY", "open")
+
 # Modules that cost seconds to collect, collected only when ``-m`` can select their marker:
 # Schemathesis builds every operation's coverage cases while the fuzz is being collected.
 _COLLECTED_ONLY_WITH_MARK = {ROOT / "tests" / "chaos" / "test_openapi_fuzz.py": "chaos"}

@@ -17,7 +17,9 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
+from app.catalog.policy import CodePolicy, RunRefused
 from app.events import service as events
 from app.observability import prometheus
 from app.runs import leases
@@ -54,6 +56,25 @@ class AttemptEnded(Exception):
 # Set once, by the worker's warm shutdown (workers/tasks.py): every run this process drives
 # stops at its next step boundary and is handed over.
 SHUTTING_DOWN = threading.Event()
+
+
+# The columns of a run that name code, commands, hosts or folders (app.catalog.policy).
+_NAMING = ("model_name", "environment", "reward", "generator", "teacher", "grpo")
+
+
+def resolved(policy: CodePolicy, run: Run) -> Run:
+    """``run`` checked against ``policy`` (RunRefused naming every refusal) and with its
+    catalog names replaced in place (the object is detached from its session)."""
+    spec = {name: getattr(run, name) for name in _NAMING}
+    refusals = policy.refusals(spec, on_worker=True)
+    if refusals:
+        raise RunRefused(
+            f"this worker's code policy ({policy.mode}) refuses the run: "
+            + "; ".join(map(str, refusals))
+        )
+    for name, value in policy.resolve(spec).items():
+        set_committed_value(run, name, value)  # never flushed, should it meet a session
+    return run
 
 
 class RunContext:
@@ -159,10 +180,14 @@ class RunContext:
             yield session
 
     async def load(self) -> Run:
+        """The run as the pipeline works on it: checked against this worker's code policy
+        (RunRefused: the run fails with the reason, before anything it names is run) and
+        with the catalog entries it names replaced by what they stand for. The row keeps
+        the names; the returned object is detached, never written back."""
         async with self.runtime.session() as session:
             run = await session.get(Run, self.run_id)
             assert run is not None
-            return run
+        return resolved(self.runtime.policy, run)
 
     async def move(self, dst: RunStatus, **kwargs: Any) -> Run:
         """Transition the run, fenced on this worker's lease."""

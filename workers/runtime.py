@@ -18,6 +18,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 import app.models  # noqa: F401  (every table registered before the first query)
+from app.catalog.policy import CodePolicy
 from app.core.db import make_engine, make_sessionmaker, session_scope
 from app.core.pg import create_pool
 from app.core.services import database_url
@@ -29,6 +30,8 @@ T = TypeVar("T")
 class Runtime:
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
+        # Read at start, as the API does: a bad catalog stops the worker with the reason.
+        self.policy = CodePolicy.from_settings(settings)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self.loop.run_forever, name="trainyard-db", daemon=True

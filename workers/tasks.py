@@ -45,8 +45,10 @@ def reconcile() -> int:
 def _start_maintenance(**_: object) -> None:
     global _maintenance
     runtime = get_runtime()
+    settings = runtime.settings
+    log.info("%s", runtime.policy.summary())
     prometheus.start_worker_metrics(
-        runtime.settings.worker_metrics_port, runtime.settings.metrics_token
+        settings.worker_metrics_port, settings.metrics_token, settings.metrics_host
     )
     _maintenance = Maintenance(runtime)
     _maintenance.start()

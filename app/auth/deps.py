@@ -1,11 +1,13 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from app.auth.roles import Role
 from app.auth.service import Principal, authenticate
 from app.core.errors import TYPE_BASE, Problem
 from app.core.logs import bind_log_context
@@ -14,7 +16,7 @@ from app.core.ratelimit import STATE_KEY, Decision, RateLimiter
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ty_…`")
 
 
-def _unauthorized(detail: str) -> Problem:
+def unauthorized(detail: str) -> Problem:
     return Problem(401, "Unauthorized", detail, headers={"WWW-Authenticate": "Bearer"})
 
 
@@ -37,7 +39,7 @@ async def principal_of(app_state: Any, key: str) -> Principal:
     """The principal of an API key; raises the 401 problem."""
     principal = await authenticate(app_state.pg, key, app_state.key_cache)
     if principal is None:
-        raise _unauthorized("Unknown or revoked API key.")
+        raise unauthorized("Unknown or revoked API key.")
     bind_log_context(project_id=principal.project_id)  # the request's lines, its access line
     return principal
 
@@ -64,10 +66,47 @@ async def current_principal(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise _unauthorized("Send an API key as 'Authorization: Bearer <key>'.")
+        raise unauthorized("Send an API key as 'Authorization: Bearer <key>'.")
     principal = await principal_of(request.app.state, credentials.credentials)
     await count_request(request.app.state, request.scope.setdefault("state", {}), principal)
     return principal
 
 
 Caller = Annotated[Principal, Depends(current_principal)]
+
+
+FORBIDDEN = TYPE_BASE + "forbidden"
+
+
+def require(role: Role) -> Callable[..., Awaitable[Principal]]:
+    """A dependency: the caller, if its key's role is ``role`` or above; else the 403 problem.
+
+    Put it in a route's signature like ``Caller`` (``caller: Member``), and add 403 to the
+    route's ``problem_responses``. FastAPI solves dependencies before it validates the path,
+    query and body parameters, so a key without the role gets this 403, not a 422 about a
+    body it may not send (tests/auth/test_roles.py pins the order); the principal is the
+    request's one ``current_principal`` (FastAPI caches it), so the request counts once
+    against the key's rate limit.
+    """
+
+    async def needs_role(caller: Caller) -> Principal:
+        if not caller.role.allows(role):
+            raise Problem(
+                403,
+                "Forbidden",
+                f"This route needs a key with the role '{role}' or above; this key's role "
+                f"is '{caller.role}'.",
+                type_=FORBIDDEN,
+                required_role=role.value,
+                key_role=caller.role.value,
+            )
+        return caller
+
+    needs_role.__name__ = f"needs_{role.value}"
+    return needs_role
+
+
+Member = Annotated[Principal, Depends(require(Role.member))]
+"""The caller of a route that creates or controls runs or uploads data: a member or admin key."""
+Admin = Annotated[Principal, Depends(require(Role.admin))]
+"""The caller of an admin route (webhooks): an admin key."""

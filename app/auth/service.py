@@ -21,6 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from app.auth.models import ApiKey, Project
+from app.auth.roles import Role
 from app.core.time import utcnow
 
 log = logging.getLogger(__name__)
@@ -34,10 +35,11 @@ def hash_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class Principal:
-    """Who is calling: one key of one project."""
+    """Who is calling: one key of one project, and what it may do there."""
 
     project_id: uuid.UUID
     key_id: uuid.UUID
+    role: Role
 
 
 async def get_or_create_project(session: AsyncSession, name: str) -> Project:
@@ -45,15 +47,45 @@ async def get_or_create_project(session: AsyncSession, name: str) -> Project:
     return (await session.execute(select(Project).where(col(Project.name) == name))).scalar_one()
 
 
+# The role of a key made without naming one: enough to run things, not to change where the
+# project's events go (webhooks). `trainyard up` asks for admin for its user.
+DEFAULT_ROLE = Role.member
+
+
 async def create_key(
-    session: AsyncSession, project: Project, *, name: str | None = None
+    session: AsyncSession,
+    project: Project,
+    *,
+    name: str | None = None,
+    role: Role = DEFAULT_ROLE,
 ) -> tuple[ApiKey, str]:
-    """A new key for ``project``; returns the row and the plain key (never stored)."""
+    """A new key for ``project`` with ``role``; returns the row and the plain key (never
+    stored)."""
     plain = KEY_PREFIX + secrets.token_urlsafe(32)
-    key = ApiKey(project_id=project.id, name=name, prefix=plain[:10], key_hash=hash_key(plain))
+    key = ApiKey(
+        project_id=project.id,
+        name=name,
+        prefix=plain[:10],
+        key_hash=hash_key(plain),
+        role=Role(role),
+    )
     session.add(key)
     await session.flush()
     return key, plain
+
+
+async def key_and_project(
+    session: AsyncSession, key_id: uuid.UUID
+) -> tuple[ApiKey, Project] | None:
+    """The key ``key_id`` and its project (None if the key is gone)."""
+    row = (
+        await session.execute(
+            select(ApiKey, Project)
+            .join(Project, col(Project.id) == col(ApiKey.project_id))
+            .where(col(ApiKey.id) == key_id)
+        )
+    ).one_or_none()
+    return None if row is None else (row[0], row[1])
 
 
 async def revoke_key(session: AsyncSession, key_id: uuid.UUID) -> bool:
@@ -138,7 +170,7 @@ class KeyCache:
 
 
 _LOOKUP = (
-    "SELECT id, project_id, last_used_at < now() - interval '60 seconds'"
+    "SELECT id, project_id, role, last_used_at < now() - interval '60 seconds'"
     " OR last_used_at IS NULL AS stale"
     " FROM api_keys WHERE key_hash = $1 AND revoked_at IS NULL"
 )
@@ -160,7 +192,7 @@ async def _lookup(pool: asyncpg.Pool, digest: str) -> Principal | None:
         row = await conn.fetchrow(_LOOKUP, digest)
     if row is None:
         return None
-    principal = Principal(project_id=row["project_id"], key_id=row["id"])
+    principal = Principal(project_id=row["project_id"], key_id=row["id"], role=Role(row["role"]))
     if row["stale"]:
         # last_used_at is informational: refreshed at most once a minute, off the request
         # path, so a lookup is no write.

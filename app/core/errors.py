@@ -40,6 +40,7 @@ INVALID_CURSOR = "invalid_cursor"
 KEY_REUSED = "idempotency_key_reused"
 UNKNOWN_REFERENCE = "unknown_reference"
 UNUSABLE_TARGET = "unusable_target"
+NOT_IN_CATALOG = "not_in_catalog"
 
 
 def inconsistent(message: str) -> PydanticCustomError:
@@ -56,6 +57,7 @@ ERROR_TYPES = (
     KEY_REUSED,
     UNKNOWN_REFERENCE,
     UNUSABLE_TARGET,
+    NOT_IN_CATALOG,
 )
 
 
@@ -69,7 +71,8 @@ class FieldError(BaseModel):
             default=None,
             description="Why, for programs: pydantic's error type (string_too_long, …), "
             f"'{INCONSISTENT}' for fields valid alone but not together, '{INVALID_CURSOR}', "
-            f"'{KEY_REUSED}', '{UNKNOWN_REFERENCE}', '{UNUSABLE_TARGET}'.",
+            f"'{KEY_REUSED}', '{UNKNOWN_REFERENCE}', '{UNUSABLE_TARGET}', '{NOT_IN_CATALOG}' (the "
+            "run names what the code policy does not allow).",
         )
     )
 

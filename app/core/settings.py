@@ -165,6 +165,13 @@ class Settings(BaseSettings):
         le=65535,
         description="Serve the API's /metrics on this port of its own instead of the API's.",
     )
+    metrics_host: str = Field(
+        default="127.0.0.1",
+        max_length=255,
+        description="The address metrics_port and worker_metrics_port bind to: loopback "
+        "unless told otherwise (0.0.0.0 for a Prometheus on another host; set metrics_token "
+        "then).",
+    )
     metrics_token: str | None = Field(
         default=None,
         description="A bearer token /metrics then requires (401 without it); unset: open.",
@@ -174,6 +181,20 @@ class Settings(BaseSettings):
         ge=1,
         le=65535,
         description="A worker serves its Prometheus metrics on this port; unset: it does not.",
+    )
+    # What runs may name (docs/security.md)
+    code_policy: Literal["open", "catalog"] | None = Field(
+        default=None,
+        description="What a run may name for the workers to run or reach: 'open', any import "
+        "path, command, URL or model folder (one person's laptop); 'catalog', only what the "
+        "operator's catalog lists. Unset: 'open' under `trainyard up` and `trainyard demo`, "
+        "'catalog' everywhere else (`trainyard api`, `trainyard worker`, the images).",
+    )
+    catalog: Path | None = Field(
+        default=None,
+        description="The operator's catalog (YAML): MCP servers, import-path prefixes, "
+        "endpoints, vLLM server fleets and model folders that runs may name. Read by the API "
+        "and the workers at start. Unset: an empty catalog (built-ins only).",
     )
     # Webhooks (docs/webhooks.md)
     webhooks_allow_private: bool = Field(
@@ -191,6 +212,12 @@ class Settings(BaseSettings):
         description="How long a failing delivery is retried (exponential backoff with "
         "jitter) before it is given up.",
     )
+
+    @property
+    def policy(self) -> Literal["open", "catalog"]:
+        """The code policy in force: the setting, or 'catalog' (``trainyard up`` and
+        ``trainyard demo`` set 'open' for the processes they start)."""
+        return self.code_policy or "catalog"
 
     @property
     def artifacts(self) -> Path:

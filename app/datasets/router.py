@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 from starlette.requests import ClientDisconnect
 
-from app.auth.deps import Caller
+from app.auth.deps import Caller, Member
 from app.core.deps import ReadSession
 from app.core.errors import INCONSISTENT, Problem, problem_responses
 from app.core.pagination import Paging, cursor_int32, decode_cursor, make_page
@@ -85,13 +85,13 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
             "description": "Created: the dataset and all its rows are stored.",
             "headers": {"Location": {"schema": {"type": "string"}}},
         },
-        **problem_responses(400, 401, 413, 415, 422),
+        **problem_responses(400, 401, 403, 413, 415, 422),
     },
     openapi_extra={"requestBody": _REQUEST_BODY},
 )
 async def create_dataset(
     request: Request,
-    caller: Caller,
+    caller: Member,
     name: Annotated[
         str | None,
         Query(

@@ -577,7 +577,7 @@ def metrics_app(token: str | None) -> Callable[..., Any]:
     return app
 
 
-def serve(port: int, token: str | None = None, host: str = "0.0.0.0") -> WSGIServer | None:
+def serve(port: int, token: str | None = None, host: str = "127.0.0.1") -> WSGIServer | None:
     """Serve :func:`exposition` on ``port`` from a daemon thread; None if the port is taken.
 
     As prometheus-client's ``start_http_server``, with the token check in front. Under several
@@ -593,7 +593,9 @@ def serve(port: int, token: str | None = None, host: str = "0.0.0.0") -> WSGISer
     return server
 
 
-def start_worker_metrics(port: int | None, token: str | None = None) -> WSGIServer | None:
+def start_worker_metrics(
+    port: int | None, token: str | None = None, host: str = "127.0.0.1"
+) -> WSGIServer | None:
     """The worker's metrics port (``worker_metrics_port``), when one is set. Called in the
     Celery main process; prefork children reach it through ``PROMETHEUS_MULTIPROC_DIR``."""
     if port is None:
@@ -602,4 +604,4 @@ def start_worker_metrics(port: int | None, token: str | None = None) -> WSGIServ
         log.info(
             "worker metrics on port %d: this process's values only (no %s)", port, MULTIPROC_ENV
         )
-    return serve(port, token)
+    return serve(port, token, host)

@@ -3,8 +3,8 @@
 - ``tools``: plain functions the model may call (built-ins or ``package.module:function``);
 - ``python``: an environment object with tools, state per episode and its own reward (a
   built-in, or ``package.module:Class``), made from ``args`` and each input's context;
-- ``mcp``: the tools of an MCP server, started over stdio (``command``) or reached over
-  streamable HTTP (``url``).
+- ``mcp``: the tools of an MCP server, started over stdio (``command``), reached over
+  streamable HTTP (``url``), or one of the operator's catalog (``server``).
 
 Every kind bounds an episode the same way: ``max_turns`` tool-calling rounds (TRL's
 ``max_tool_calling_iterations``), a timeout per call and a cap on each result's length.
@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 
+from app.catalog.models import ENTRY_NAME
 from app.core.errors import inconsistent
 from app.core.storable import HttpUrlStr, NulFreeStr, StorableObject
 from app.runs.rewards import (
@@ -233,9 +234,16 @@ class McpEnvironment(_Episode):
     url: HttpUrlStr | None = Field(
         default=None,
         max_length=2000,
-        validate_default=True,  # so that neither command nor url is a 422 naming url
         description="An MCP server over streamable HTTP, e.g. http://host:8000/mcp. Not with "
         "command.",
+    )
+    server: str | None = Field(
+        default=None,
+        max_length=100,
+        pattern=ENTRY_NAME,
+        validate_default=True,  # so that none of command, url and server is a 422 naming it
+        description="An MCP server of the operator's catalog (GET /catalog), by name; the only "
+        "kind the catalog code policy allows. Not with command or url.",
     )
     tools: list[Annotated[NulFreeStr, Field(min_length=1, max_length=500)]] | None = Field(
         default=None,
@@ -251,13 +259,24 @@ class McpEnvironment(_Episode):
         description="Extra environment variables of a stdio server.",
     )
 
-    @field_validator("url")
+    @field_validator("server")
     @classmethod
-    def _command_or_url(cls, value: str | None, info: ValidationInfo) -> str | None:
-        if "command" not in info.data:
-            return value  # command itself was invalid; that is the error to report
-        if (info.data["command"] is None) == (value is None):
-            raise inconsistent("give exactly one of command (a stdio server) and url")
+    def _one_server(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if "command" not in info.data or "url" not in info.data:
+            return value  # command or url was invalid; that is the error to report
+        given = [v for v in (info.data["command"], info.data["url"], value) if v is not None]
+        if len(given) != 1:
+            raise inconsistent(
+                "give exactly one of command (a stdio server), url and server (one of the "
+                "catalog's)"
+            )
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env_of_a_command(cls, value: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+        if value and info.data.get("server") is not None:
+            raise inconsistent("a server of the catalog has its own env: leave env out")
         return value
 
     @field_validator("tools")

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, WithJsonSchema, field_validator, model_validator
 
+from app.catalog.models import ENTRY_NAME
 from app.core.errors import inconsistent
 from app.core.storable import HTTP_URL_PATTERN, NulFreeStr, RequestModel
 from app.runs.environments import _no_repeats
@@ -238,6 +239,14 @@ class GrpoSettings(RequestModel):
         "step's adapter loaded into them (they must read the run's artifacts folder); a full "
         "fine-tune uses one `trl vllm-serve` server, its weights synced over NCCL (GPUs).",
     )
+    vllm_servers: str | None = Field(
+        default=None,
+        max_length=100,
+        pattern=ENTRY_NAME,
+        description="For engine 'vllm-server': vLLM servers of the operator's catalog (GET "
+        "/catalog), by name; the only kind the catalog code policy allows. Not with "
+        "vllm_server_url.",
+    )
     vllm_server_timeout_s: float = Field(
         default=120,
         gt=0,
@@ -278,8 +287,10 @@ class GrpoSettings(RequestModel):
     def _consistent(self) -> GrpoSettings:
         if self.bf16 and self.fp16:
             raise inconsistent("bf16 and fp16 are exclusive: choose one")
-        if self.engine == "vllm-server" and not self.vllm_server_url:
-            raise inconsistent("engine 'vllm-server' needs vllm_server_url")
+        if self.engine == "vllm-server" and not (self.vllm_server_url or self.vllm_servers):
+            raise inconsistent("engine 'vllm-server' needs vllm_servers or vllm_server_url")
+        if self.vllm_server_url and self.vllm_servers:
+            raise inconsistent("give vllm_servers (the catalog's) or vllm_server_url, not both")
         if (
             self.engine == "vllm-server"
             and self.lora is None

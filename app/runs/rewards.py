@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from app.catalog.models import ENTRY_NAME
 from app.core.errors import inconsistent
 from app.core.storable import HttpUrlStr, NulFreeStr, RequestModel, StorableObject
 
@@ -193,20 +194,61 @@ def check_builtin_args(name: str, model: type[Strict], args: dict[str, Any]) -> 
 
 
 class JudgeEndpoint(Strict):
-    """Any OpenAI-compatible chat endpoint (vLLM, Ollama, OpenAI …)."""
+    """Any OpenAI-compatible chat endpoint (vLLM, Ollama, OpenAI …): one of the operator's
+    catalog by name (``{endpoint: big-judge}``), or a ``base_url`` and ``model`` of the run's
+    own, which only the ``open`` code policy allows (docs/security.md)."""
 
-    base_url: HttpUrlStr = Field(max_length=500, description="e.g. http://host:8000/v1")
-    model: NulFreeStr = Field(min_length=1, max_length=300)
+    endpoint: str | None = Field(
+        default=None,
+        max_length=100,
+        pattern=ENTRY_NAME,
+        description="An endpoint of the operator's catalog (GET /catalog), by name: its base "
+        "URL, model and key come from there. Not with base_url.",
+    )
+    base_url: HttpUrlStr | None = Field(
+        default=None,
+        max_length=500,
+        description="e.g. http://host:8000/v1 (the open code policy only). Not with endpoint.",
+    )
+    model: NulFreeStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=300,
+        validate_default=True,  # so that neither endpoint nor base_url is a 422 naming it
+        description="The model the base_url serves (an endpoint of the catalog has its own).",
+    )
     api_key_env: str | None = Field(
         default=None,
         max_length=100,
         pattern=ENV_NAME,
-        description="Name of the environment variable (on the worker) holding the API key.",
+        description="Name of the environment variable (on the worker) holding the API key of "
+        "the base_url (an endpoint of the catalog names its own).",
     )
     timeout_s: float = Field(default=60.0, gt=0, le=3600)
     max_concurrency: int = Field(default=8, ge=1, le=256)
     max_retries: int = Field(default=2, ge=0, le=10)
     max_tokens: int = Field(default=1024, ge=16, le=131072)
+
+    @field_validator("model")
+    @classmethod
+    def _endpoint_or_base_url(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if "endpoint" not in info.data or "base_url" not in info.data:
+            return value  # one of them was invalid: that is the error to report
+        named, base_url = info.data["endpoint"], info.data["base_url"]
+        if (named is None) == (base_url is None):
+            raise inconsistent("give an endpoint of the catalog, or a base_url and its model")
+        if base_url is not None and value is None:
+            raise inconsistent("a base_url needs the model it serves")
+        if named is not None and value is not None:
+            raise inconsistent("an endpoint of the catalog serves its own model: leave model out")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _own_key(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("endpoint") is not None:
+            raise inconsistent("an endpoint of the catalog names its own key's variable")
+        return value
 
 
 class RulerReward(Strict):

@@ -7,7 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
 
-from app.auth.deps import Caller
+from app.auth.deps import Caller, Member
 from app.core.deps import ReadSession, Session
 from app.core.errors import problem_responses
 from app.core.pagination import Paging, check_range, decode_cursor, make_page
@@ -58,12 +58,12 @@ def _run_response(
             "description": "Accepted: the run is queued.",
             "headers": {"Location": {"schema": {"type": "string"}}},
         },
-        **problem_responses(401, 409, 413, 422, 429),
+        **problem_responses(401, 403, 409, 413, 422, 429),
     },
 )
 async def create_run(
     body: RunCreate,
-    caller: Caller,
+    caller: Member,
     request: Request,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
@@ -76,6 +76,7 @@ async def create_run(
             conn,
             caller.project_id,
             body,
+            policy=request.app.state.policy,
             max_active=app_settings(request).max_active_runs_per_project,
             idempotency_key=idempotency_key,
         )
@@ -161,7 +162,7 @@ async def get_run(
     return _run_response(run)
 
 
-_ACTION_RESPONSES = problem_responses(401, 404, 409, 422)
+_ACTION_RESPONSES = problem_responses(401, 403, 404, 409, 422)
 
 
 @router.post(
@@ -170,7 +171,7 @@ _ACTION_RESPONSES = problem_responses(401, 404, 409, 422)
     response_model=RunPublic,
     responses=_ACTION_RESPONSES,
 )
-async def cancel_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+async def cancel_run(run_id: uuid.UUID, caller: Member, session: Session) -> Response:
     """Cancel the run. A run held by a worker stops within one heartbeat; idempotent."""
     return _run_response(await service.cancel_run(session, caller.project_id, run_id))
 
@@ -181,7 +182,7 @@ async def cancel_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Res
     response_model=RunPublic,
     responses=_ACTION_RESPONSES,
 )
-async def pause_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+async def pause_run(run_id: uuid.UUID, caller: Member, session: Session) -> Response:
     """Pause the run at the next safe point (a step boundary); resume continues from there."""
     return _run_response(await service.pause_run(session, caller.project_id, run_id))
 
@@ -192,6 +193,6 @@ async def pause_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Resp
     response_model=RunPublic,
     responses=_ACTION_RESPONSES,
 )
-async def resume_run(run_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+async def resume_run(run_id: uuid.UUID, caller: Member, session: Session) -> Response:
     """Put a paused run back in the queue."""
     return _run_response(await service.resume_run(session, caller.project_id, run_id))

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 from datetime import datetime
 
 import asyncpg
+from pydantic.main import IncEx
 from sqlalchemy import func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from app.catalog.policy import CodePolicy
 from app.core import idempotency
 from app.core.domain import NotFound
 from app.events.models import RunEvent
@@ -76,19 +78,39 @@ async def list_runs(
     return list((await session.execute(query)).scalars())
 
 
+# What of a run body names code, commands, hosts or folders: what the code policy reads.
+_NAMING: dict[str, IncEx | bool] = {
+    "model_name": True,
+    "environment": True,
+    "reward": True,
+    "generator": True,
+    "teacher": True,
+    "grpo": {"vllm_server_url", "vllm_servers", "lora"},
+}
+
+
+def check_policy(policy: CodePolicy, body: RunCreate) -> None:
+    """Raise NotInCatalog (a 422 naming the field) if ``body`` names what ``policy`` does not
+    allow; the worker checks the stored run again (app.catalog.policy)."""
+    policy.check(body.model_dump(include=_NAMING))
+
+
 async def create_run(
     conn: asyncpg.Connection,
     project_id: uuid.UUID,
     body: RunCreate,
     *,
+    policy: CodePolicy,
     max_active: int,
     idempotency_key: str | None = None,
 ) -> RunPublic | idempotency.Replay:
     """Create the run (queued once committed), or replay the first answer given to the
     same ``Idempotency-Key``. The key is stored with the run in one transaction; a key
     already answered replays that answer (even at the active-run cap), and a concurrent
-    duplicate waits on the key until the first request ends, then replays it.
+    duplicate waits on the key until the first request ends, then replays it. A run that
+    names what the code ``policy`` does not allow is refused before anything is written.
     """
+    check_policy(policy, body)
     if idempotency_key is None:
         row = await repository.insert_run(conn, project_id, body, max_active=max_active)
         return RunPublic.model_validate(row)

@@ -11,6 +11,10 @@ an exponential delay with full jitter (uniform in ``[0, min(max_delay, base · 2
 until ``webhook_retry_hours`` after the event, when the last attempt is made and the row is
 given up.
 
+Requests go through :class:`app.webhooks.transport.WebhookTransport`: each connection
+resolves the host once, checks every address it got (unless ``webhooks_allow_private``) and
+connects to one of them, so what was checked is what is reached.
+
 Delivery is at least once: a sender that dies between the receiver's 2xx and recording it
 sends the event again, with the same ``webhook-id``, once the claim's lease runs out.
 
@@ -26,6 +30,7 @@ import logging
 import random
 from dataclasses import dataclass
 
+import httpcore
 import httpx
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from standardwebhooks import Webhook
@@ -35,7 +40,8 @@ from app.core.settings import Settings
 from app.core.time import utcnow
 from app.webhooks import repository
 from app.webhooks.repository import Claimed
-from app.webhooks.targets import refusal
+from app.webhooks.targets import Refused, Resolve, resolve
+from app.webhooks.transport import WebhookTransport
 
 log = logging.getLogger(__name__)
 
@@ -78,13 +84,7 @@ def _error(text: str) -> str:
     return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
 
 
-async def _attempt(
-    client: httpx.AsyncClient, claimed: Claimed, *, seconds: float, allow_private: bool
-) -> Outcome:
-    if not allow_private:
-        why = await refusal(claimed.url, allow_private=False)
-        if why is not None:
-            return Outcome(None, _error(f"not sent: the url {why}"))
+async def _attempt(client: httpx.AsyncClient, claimed: Claimed, *, seconds: float) -> Outcome:
     msg_id = str(claimed.id)
     body = json.dumps(claimed.payload, separators=(",", ":"), ensure_ascii=False)
     now = utcnow()
@@ -105,7 +105,9 @@ async def _attempt(
                 status = response.status_code
     except TimeoutError:
         return Outcome(None, f"timed out after {seconds:g} s")
-    except (httpx.HTTPError, OSError, ValueError) as exc:
+    except Refused as exc:  # from the transport, before any connection
+        return Outcome(None, _error(f"not sent: the url {exc}"))
+    except (httpx.HTTPError, httpx.InvalidURL, OSError, ValueError) as exc:
         return Outcome(
             None, _error(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         )
@@ -123,10 +125,14 @@ async def deliver_due(
     backoff: Backoff = Backoff(),
     batch: int = BATCH,
     rng: random.Random | None = None,
-    transport: httpx.AsyncBaseTransport | None = None,
+    resolve: Resolve = resolve,
+    network: httpcore.AsyncNetworkBackend | None = None,
 ) -> int:
     """One pass: send every claimed due delivery once, record each outcome; returns how
-    many were delivered."""
+    many were delivered.
+
+    ``resolve`` (the system resolver) and ``network`` (httpcore's sockets) are what the
+    transport resolves and connects with; tests replace them."""
     timeout = settings.webhook_timeout_seconds
     async with session_scope(maker) as session:
         claimed = await repository.claim(
@@ -138,15 +144,12 @@ async def deliver_due(
     async with httpx.AsyncClient(
         timeout=timeout,
         follow_redirects=False,
-        transport=transport,
-        trust_env=False,  # no proxy from the environment between us and the check above
+        transport=WebhookTransport(
+            allow_private=settings.webhooks_allow_private, resolve=resolve, network=network
+        ),
+        trust_env=False,  # no proxy from the environment: the connection is the checked one
     ) as client:
-        outcomes = await asyncio.gather(
-            *(
-                _attempt(client, c, seconds=timeout, allow_private=settings.webhooks_allow_private)
-                for c in claimed
-            )
-        )
+        outcomes = await asyncio.gather(*(_attempt(client, c, seconds=timeout) for c in claimed))
     window = settings.webhook_retry_hours * 3600.0
     async with session_scope(maker) as session:
         for c, outcome in zip(claimed, outcomes, strict=True):

@@ -1,4 +1,8 @@
-"""``/webhooks``: a project's endpoints for run and checkpoint events (docs/webhooks.md)."""
+"""``/webhooks``: a project's endpoints for run and checkpoint events (docs/webhooks.md).
+
+Every route here is an admin key's (app/auth/roles.py), the reads too: a target URL is often
+a credential itself (a chat service's incoming-webhook URL carries its token), and the
+deliveries show what was sent where and what the receiver answered."""
 
 from __future__ import annotations
 
@@ -8,7 +12,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from app.auth.deps import Caller
+from app.auth.deps import Admin
 from app.core.deps import ReadSession, Session
 from app.core.errors import problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
@@ -47,10 +51,10 @@ def _position(
     status_code=201,
     operation_id="create_webhook",
     response_model=WebhookSecret,
-    responses=problem_responses(401, 422, 429),
+    responses=problem_responses(401, 403, 422, 429),
 )
 async def create_webhook(
-    body: WebhookCreate, request: Request, caller: Caller, session: Session
+    body: WebhookCreate, request: Request, caller: Admin, session: Session
 ) -> WebhookSecret:
     """Register an endpoint. The answer holds its signing secret, shown only this once."""
     allow_private = app_settings(request).webhooks_allow_private
@@ -65,9 +69,9 @@ LIST = "list_webhooks"
     "",
     operation_id=LIST,
     response_model=WebhooksPage,
-    responses=problem_responses(401, 422),
+    responses=problem_responses(401, 403, 422),
 )
-async def list_webhooks(caller: Caller, session: ReadSession, page: Paging) -> dict[str, Any]:
+async def list_webhooks(caller: Admin, session: ReadSession, page: Paging) -> dict[str, Any]:
     """The project's endpoints, oldest first. Their secrets are never shown again."""
     after = _position(page.after, of=LIST, scope=())
     rows = await service.list_after(session, caller.project_id, after=after, limit=page.limit + 1)
@@ -78,9 +82,9 @@ async def list_webhooks(caller: Caller, session: ReadSession, page: Paging) -> d
     "/{webhook_id}",
     status_code=204,
     operation_id="delete_webhook",
-    responses=problem_responses(401, 404, 422),
+    responses=problem_responses(401, 403, 404, 422),
 )
-async def delete_webhook(webhook_id: uuid.UUID, caller: Caller, session: Session) -> Response:
+async def delete_webhook(webhook_id: uuid.UUID, caller: Admin, session: Session) -> Response:
     """Remove the endpoint; its pending deliveries are dropped with it."""
     await service.delete(session, caller.project_id, webhook_id)
     return Response(status_code=204)
@@ -90,10 +94,10 @@ async def delete_webhook(webhook_id: uuid.UUID, caller: Caller, session: Session
     "/{webhook_id}/rotate",
     operation_id="rotate_webhook_secret",
     response_model=WebhookSecret,
-    responses=problem_responses(401, 404, 422),
+    responses=problem_responses(401, 403, 404, 422),
 )
 async def rotate_webhook_secret(
-    webhook_id: uuid.UUID, caller: Caller, session: Session
+    webhook_id: uuid.UUID, caller: Admin, session: Session
 ) -> WebhookSecret:
     """A new signing secret, shown only in this answer; the old one stops signing now."""
     webhook = await service.rotate(session, caller.project_id, webhook_id)
@@ -107,10 +111,10 @@ DELIVERIES = "list_webhook_deliveries"
     "/{webhook_id}/deliveries",
     operation_id=DELIVERIES,
     response_model=DeliveriesPage,
-    responses=problem_responses(401, 404, 422),
+    responses=problem_responses(401, 403, 404, 422),
 )
 async def list_webhook_deliveries(
-    webhook_id: uuid.UUID, caller: Caller, session: ReadSession, page: Paging
+    webhook_id: uuid.UUID, caller: Admin, session: ReadSession, page: Paging
 ) -> dict[str, Any]:
     """The endpoint's events, newest first: attempts, last status or error, when delivered."""
     scope = (webhook_id,)

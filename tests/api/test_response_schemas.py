@@ -85,6 +85,8 @@ def _calls(w: World) -> dict[str, Call]:
         "rotate_webhook_secret": Call("POST", f"/webhooks/{w.webhook}/rotate"),
         "list_webhook_deliveries": Call("GET", f"/webhooks/{w.webhook}/deliveries", {"limit": 1}),
         "delete_webhook": Call("DELETE", f"/webhooks/{w.doomed_webhook}"),
+        "get_catalog": Call("GET", "/catalog"),
+        "get_me": Call("GET", "/me"),
     }
 
 

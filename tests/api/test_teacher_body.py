@@ -73,6 +73,7 @@ async def test_an_endpoint_student_and_own_weights_are_kept(
     assert served["student_model"] is None
     assert served["student_endpoint"] == {
         **ENDPOINT,
+        "endpoint": None,
         "api_key_env": None,
         "timeout_s": 60.0,
         "max_concurrency": 8,

@@ -35,7 +35,7 @@ async def test_one_url_or_several_are_served_back_as_given(
 @pytest.mark.parametrize(
     ("overrides", "field", "why"),
     [
-        ({"grpo": {"engine": "vllm-server"}}, "body.grpo", "needs vllm_server_url"),
+        ({"grpo": {"engine": "vllm-server"}}, "body.grpo", "needs vllm_servers or vllm_server_url"),
         (
             {"grpo": {"engine": "vllm-server", "vllm_server_url": SERVERS}},
             "body.grpo",

@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from app.auth import service
+from app.auth.roles import Role
 from app.auth.service import KeyCache, Principal, authenticate, revoke_key
 from app.core.pg import connect_kwargs, init_connection
 
@@ -60,7 +61,7 @@ async def test_concurrent_misses_share_one_lookup_and_a_lookup_is_no_write(
 ) -> None:
     pool, statements = logged_pool
     cache = KeyCache()
-    expected = Principal(project_id=tenant.project_id, key_id=tenant.key_id)
+    expected = Principal(project_id=tenant.project_id, key_id=tenant.key_id, role=Role.admin)
 
     answers = await asyncio.gather(*[authenticate(pool, tenant.key, cache) for _ in range(20)])
     assert answers == [expected] * 20
@@ -130,7 +131,9 @@ async def test_a_request_that_gives_up_leaves_the_lookup_to_the_others(
     second = asyncio.create_task(authenticate(pool, tenant.key, cache))
     await asyncio.sleep(0)  # both are now waiting on the one lookup
     first.cancel()  # e.g. its client hung up
-    assert await second == Principal(project_id=tenant.project_id, key_id=tenant.key_id)
+    assert await second == Principal(
+        project_id=tenant.project_id, key_id=tenant.key_id, role=Role.admin
+    )
     with pytest.raises(asyncio.CancelledError):
         await first
     assert cache.get(service.hash_key(tenant.key)) is not None

@@ -32,6 +32,7 @@ from app.core.errors import (
     INCONSISTENT,
     INVALID_CURSOR,
     KEY_REUSED,
+    NOT_IN_CATALOG,
     UNKNOWN_REFERENCE,
     UNUSABLE_TARGET,
 )
@@ -144,14 +145,22 @@ def _unforeseeable(response: schemathesis.Response) -> bool:
     """Whether a 422 is one that no OpenAPI document can foresee, so schema-valid data may
     get it: every field it names is valid alone but not with another (an inverted range,
     exclusive options), is a cursor the server never handed out or an Idempotency-Key first
-    used with another body, names a dataset the project does not have, or is a webhook URL
-    whose host does not resolve (or resolves to a private address)."""
+    used with another body, names a dataset the project does not have, is a webhook URL
+    whose host does not resolve (or resolves to a private address), or names code, a host
+    or a model the operator's catalog does not list."""
     if response.status_code != 422:
         return False
     problem = response.json()
     return all(
         error.get("type")
-        in (INCONSISTENT, INVALID_CURSOR, KEY_REUSED, UNKNOWN_REFERENCE, UNUSABLE_TARGET)
+        in (
+            INCONSISTENT,
+            INVALID_CURSOR,
+            KEY_REUSED,
+            UNKNOWN_REFERENCE,
+            UNUSABLE_TARGET,
+            NOT_IN_CATALOG,
+        )
         # A dataset the project has, but with only validation rows: nothing to train on.
         or (problem.get("title"), error.get("field")) == ("Unusable dataset", "body.dataset_id")
         for error in problem.get("errors") or [{}]
@@ -173,15 +182,37 @@ CHECKS: dict[str, Any] = {
 }
 
 
+# What a team's API runs under: the catalog code policy, with one entry of each kind.
+CATALOG = {
+    "mcp_servers": {"calc": {"command": ["python", "-m", "tests.support.mcp_server"]}},
+    "imports": [{"prefix": "acme.rewards"}],
+    "endpoints": {"judge": {"base_url": "http://judge.internal:8000/v1", "model": "j"}},
+    "vllm_servers": {"fleet": {"urls": ["http://vllm.internal:8000"]}},
+    "models": {"folders": ["/models"], "hub": ["tiny-llama", "Qwen/"]},
+}
+
+
 @pytest.fixture(scope="module")
-def fuzz_app(service_urls: tuple[str, str]) -> Iterator[DeferredApp]:
+def fuzz_app(
+    service_urls: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DeferredApp]:
     """The real app on the session's database, its lifespan run by Schemathesis' ASGI
-    transport on an event loop of its own (the ``api`` fixture's pools belong to pytest's).
+    transport on an event loop of its own (the ``api`` fixture's pools belong to pytest's),
+    under the ``catalog`` code policy, as a team's API is.
 
     Without the per-key request rate and the cap on active runs: a 429 that depends on how
     fast this machine sends, or on how many runs earlier cases created, would make the
     answers depend on more than the seed (tests/api cover both limits)."""
-    APP.app = _app(Settings(rate_limit_per_second=0, max_active_runs_per_project=0))
+    catalog = tmp_path_factory.mktemp("fuzz") / "catalog.yaml"
+    catalog.write_text(json.dumps(CATALOG))  # JSON is YAML
+    APP.app = _app(
+        Settings(
+            rate_limit_per_second=0,
+            max_active_runs_per_project=0,
+            code_policy="catalog",
+            catalog=catalog,
+        )
+    )
     yield APP
     asgi.shutdown_lifespans()
     APP.app = None

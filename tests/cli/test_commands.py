@@ -98,6 +98,9 @@ def server(
         "TRAINYARD_REDIS_URL": broker,
         "TRAINYARD_BROKER_PREFIX": os.environ["TRAINYARD_BROKER_PREFIX"],
         "TRAINYARD_HOME": str(folder / "home"),
+        # `trainyard api` alone runs the catalog policy; this user's runs name a model folder
+        # of their own, as under `trainyard up`.
+        "TRAINYARD_CODE_POLICY": "open",
     }
     port = free_port()
     log = (folder / "api.log").open("wb")

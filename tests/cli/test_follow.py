@@ -234,8 +234,10 @@ def test_keys_list_shows_keys_but_never_a_secret(service: Service) -> None:
     assert keys[service.key_id]["prefix"] == service.key[:10]
     assert keys[key["id"]]["name"] == "ci" and keys[key["id"]]["revoked_at"] is not None
     assert set(keys[key["id"]]) == {
-        "id", "project", "name", "prefix", "created_at", "last_used_at", "revoked_at",
+        "id", "project", "name", "role", "prefix", "created_at", "last_used_at", "revoked_at",
     }  # fmt: skip
+    # `up`'s key is its user's: admin; a key made without --role is a member.
+    assert keys[service.key_id]["role"] == "admin" and keys[key["id"]]["role"] == "member"
     human = service.cli("keys", "list", "--project", "listed")
     assert human.returncode == 0 and key["id"] in human.stdout
     assert service.key_id not in human.stdout

@@ -848,6 +848,8 @@ def test_migrate_api_and_control_worker_start_without_the_ml_stack(
                 "TRAINYARD_BROKER_PREFIX": prefix,
                 "TRAINYARD_HOME": str(tmp_path / "home"),
                 "TRAINYARD_ARTIFACTS_DIR": str(tmp_path / "artifacts"),
+                # The file the compose file mounts there by default.
+                "TRAINYARD_CATALOG": str(ROOT / "configs" / "catalog.example.yaml"),
             }
         )
 

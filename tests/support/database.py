@@ -88,24 +88,30 @@ async def client_of(app: Any) -> AsyncIterator[httpx.AsyncClient]:
 class Tenant:
     """A project with one API key, as a test sees it."""
 
-    def __init__(self, project_id: uuid.UUID, name: str, key: str, key_id: uuid.UUID) -> None:
+    def __init__(
+        self, project_id: uuid.UUID, name: str, key: str, key_id: uuid.UUID, role: str = "admin"
+    ) -> None:
         self.project_id = project_id
         self.name = name
         self.key = key
         self.key_id = key_id
+        self.role = role
         self.headers = {"Authorization": f"Bearer {key}"}
 
 
-async def new_tenant(maker: Maker, name: str | None = None) -> Tenant:
-    """A committed project (``name``, or a fresh one) with one new API key."""
+async def new_tenant(maker: Maker, name: str | None = None, *, role: str = "admin") -> Tenant:
+    """A committed project (``name``, or a fresh one; an existing one gets one more key) with
+    one new API key of ``role`` (admin by default: a test reaches every route unless it is
+    about roles)."""
+    from app.auth.roles import Role
     from app.auth.service import create_key, get_or_create_project
 
     name = name or f"proj-{uuid.uuid4().hex[:8]}"
     async with maker() as s:
         project = await get_or_create_project(s, name)
-        key, plain = await create_key(s, project)
+        key, plain = await create_key(s, project, role=Role(role))
         await s.commit()
-    return Tenant(project.id, name, plain, key.id)
+    return Tenant(project.id, name, plain, key.id, role)
 
 
 TenantMaker = Callable[..., Awaitable[Tenant]]

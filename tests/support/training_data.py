@@ -12,6 +12,7 @@ from typing import Any
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.auth.roles import Role
 from app.auth.service import create_key, get_or_create_project
 from app.core.pg import connect_kwargs, init_connection
 from app.runs.status import RunStatus
@@ -92,7 +93,7 @@ async def seed_corpus(
     async with maker() as s:
         for label, name in names.items():
             project = await get_or_create_project(s, name)
-            _, plain = await create_key(s, project)
+            _, plain = await create_key(s, project, role=Role.admin)
             corpus.projects[label] = project.id
             corpus.keys[label] = plain
         await s.commit()

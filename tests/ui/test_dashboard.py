@@ -95,6 +95,34 @@ async def test_a_bad_key_shows_a_sign_in_error(page: Page) -> None:
     assert await page.page.evaluate("sessionStorage.getItem('trainyard.key')") is None
 
 
+async def test_the_header_shows_the_role_and_hides_what_it_does_not_allow(
+    page: Page, maker: Any
+) -> None:
+    """After sign-in the page asks GET /me once: the project and the key's role in the
+    header; what a page marks ``data-needs="member"`` or ``"admin"`` is hidden from a key
+    whose role does not allow it (the API would answer 403)."""
+    from tests.support.database import new_tenant
+
+    admin = await new_tenant(maker)
+    for role, shown in (("viewer", []), ("member", ["member"]), ("admin", ["member", "admin"])):
+        tenant = admin if role == "admin" else await new_tenant(maker, admin.name, role=role)
+        await page.sign_in(tenant.key, "/ui")
+        assert await page.page.inner_text("#who") == f"{admin.name} · {role}"
+        assert await page.page.evaluate("() => window.trainyard.me.key.role") == role
+        visible = await page.page.evaluate(
+            """() => ["member", "admin"].filter((needs) => {
+                const probe = document.createElement("button");
+                probe.dataset.needs = needs;
+                document.getElementById("main").append(probe);
+                const seen = getComputedStyle(probe).display !== "none";
+                probe.remove();
+                return seen;
+            })"""
+        )
+        assert visible == shown, role
+        await page.page.click("#signout")
+
+
 def test_assets_are_served_by_the_api_outside_the_openapi_document(
     api_server: ApiProcess,
 ) -> None:

@@ -2,9 +2,9 @@
 Standard Webhooks signature with the ``standardwebhooks`` package, as a customer's would.
 
 Each request is recorded (path, webhook-id, whether its signature verified, the parsed
-body) before it is answered, so once a delivery pass has returned, what it sent is here.
-The port is chosen before the server starts, so a test can point a webhook at it while
-nothing listens (the receiver "down") and start it later.
+body, the Host header) before it is answered, so once a delivery pass has returned, what it
+sent is here. The port is chosen before the server starts, so a test can point a webhook at
+it while nothing listens (the receiver "down") and start it later.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ class Received:
     verified: bool
     body: dict[str, Any] | None
     answered: int
+    host: str = ""  # the Host header
 
 
 @dataclass
@@ -69,7 +70,14 @@ class Receiver:
             if not verified:
                 answer = 401
             self.received.append(
-                Received(handler.path, headers.get("webhook-id", ""), verified, parsed, answer)
+                Received(
+                    handler.path,
+                    headers.get("webhook-id", ""),
+                    verified,
+                    parsed,
+                    answer,
+                    handler.headers.get("host", ""),
+                )
             )
         return answer
 

@@ -36,6 +36,26 @@ export function key() {
 export function setKey(value) {
   if (value) sessionStorage.setItem(KEY, value);
   else sessionStorage.removeItem(KEY);
+  signedIn = null;
+}
+
+// What the signed-in key may do. The roles in order, each allowed what the ones before it
+// are (app/auth/roles.py): a viewer reads, a member also creates and controls runs and
+// uploads datasets, an admin also manages webhooks. The API refuses (403) whatever the key's
+// role does not allow; the pages only leave out what would be refused.
+const ROLES = ["viewer", "member", "admin"];
+let signedIn = null; // GET /me's answer for the signed-in key, asked once per page load
+
+/** The signed-in key, its project and its role (``GET /me``), asked once and kept. */
+export async function me() {
+  if (signedIn === null) signedIn = await get("/me");
+  return signedIn;
+}
+
+/** Whether the signed-in key's role allows what ``role`` may do (false before ``me()``). */
+export function may(role) {
+  const have = ROLES.indexOf(signedIn?.key?.role);
+  return have >= 0 && have >= ROLES.indexOf(role);
 }
 
 export function authHeaders(extra = {}) {
@@ -109,12 +129,19 @@ export async function metrics(runId, params = {}, options = {}) {
   return out;
 }
 
-/** Checks a key by reading one page of runs with it; true when it is accepted. */
+/** Checks a key by asking ``GET /me`` with it: its answer (project, key, role) when the key
+ * is accepted, for ``signIn``. */
 export async function checkKey(candidate) {
-  const response = await fetch(url("/runs", { limit: 1 }), {
+  const response = await fetch(url("/me"), {
     headers: { Authorization: `Bearer ${candidate}`, Accept: "application/json" },
     cache: "no-store",
   });
-  if (response.ok) return true;
+  if (response.ok) return response.json();
   throw await failure(response);
+}
+
+/** Signs ``candidate`` in with what ``checkKey`` answered for it. */
+export function signIn(candidate, answer) {
+  setKey(candidate);
+  signedIn = answer;
 }

@@ -70,8 +70,7 @@ function signInForm(message) {
     error.hidden = true;
     const candidate = input.value.trim();
     try {
-      await api.checkKey(candidate);
-      api.setKey(candidate);
+      api.signIn(candidate, await api.checkKey(candidate));
       render();
     } catch (err) {
       error.textContent = `Sign-in failed: ${err.message || err}`;
@@ -92,10 +91,17 @@ export function showSignIn(message) {
   document.getElementById("key")?.focus();
 }
 
-function header() {
+function header(me = null) {
   const signedIn = Boolean(api.key());
   document.getElementById("signout").hidden = !signedIn;
-  document.getElementById("who").textContent = signedIn ? "signed in" : "";
+  const who = document.getElementById("who");
+  who.textContent = !signedIn ? "" : me ? `${me.project.name} · ${me.key.role}` : "signed in";
+  who.title = me ? `key ${me.key.prefix}… (${me.key.name || "no name"})` : "";
+  // Pages mark what needs more than reading with data-needs="member" or "admin"; the
+  // stylesheet hides it for a key whose role does not allow it (the API would say 403).
+  if (me) document.body.dataset.role = me.key.role;
+  else delete document.body.dataset.role;
+  window.trainyard.me = me;
 }
 
 /** What a page shows when loading it failed. */
@@ -128,6 +134,15 @@ async function render() {
     showSignIn();
     return;
   }
+  let me;
+  try {
+    me = await api.me(); // once per page load: a reload signs in from sessionStorage
+  } catch (err) {
+    showError(err); // a key revoked meanwhile: the sign-in form again
+    window.trainyard.settled = true;
+    return;
+  }
+  header(me);
   const path = location.pathname;
   for (const [pattern, load, args] of routes) {
     const m = path.match(pattern);

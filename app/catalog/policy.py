@@ -1,0 +1,287 @@
+"""The code policy: what a run may name for the workers to run or reach, checked twice.
+
+The API checks a run when it is created (a 422 naming the field and saying what the catalog
+offers); every worker checks it again when it loads the run, before it imports, starts or
+calls anything the run names, so an API and a worker configured differently cannot be
+played against each other (a row written past the API is refused too). Both read a run in
+the same shape, its body as JSON (``RunCreate.model_dump()`` on one side, the stored row's
+columns on the other), and both call :meth:`CodePolicy.refusals`.
+
+What a run can name, field by field: ``model_name`` and ``teacher.student_model`` (a folder
+or hub id); import paths of tools (``environment.tools``), an environment
+(``environment.factory``) and reward functions (``reward.functions[].name``); an MCP server
+(``environment.command`` / ``url`` / ``server``); OpenAI-compatible endpoints (``generator``,
+``reward.judge``, ``reward.small_model`` / ``large_model``, ``teacher.student_endpoint``);
+vLLM servers (``grpo.vllm_server_url`` / ``vllm_servers``). Under ``open`` anything goes and
+catalog names must exist; under ``catalog`` only built-ins and catalog entries do.
+
+The worker then :meth:`~CodePolicy.resolve`-s the names into what they stand for (the
+command, the URL, the key's variable), so the rest of the pipeline never sees a name; the
+stored run keeps the names, and GET /runs never shows what they stand for.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from app.catalog.models import Catalog, load_catalog
+from app.core.domain import InvalidInput
+from app.core.errors import NOT_IN_CATALOG
+from app.core.settings import Settings
+
+Mode = Literal["open", "catalog"]
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One thing a run names that the policy does not allow. ``field`` is the run body's
+    path (``environment.command``, ``reward.functions[0].name``)."""
+
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}"
+
+
+class NotInCatalog(InvalidInput):
+    """A run names something the code policy does not allow (a 422 naming the field)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(refusal.message, field=f"body.{refusal.field}", error_type=NOT_IN_CATALOG)
+        self.refusal = refusal
+
+
+class RunRefused(Exception):
+    """A worker refuses the run it was handed: the run fails with this reason."""
+
+
+def _listed(names: Iterable[str]) -> str:
+    names = sorted(names)
+    return ", ".join(names) if names else "none"
+
+
+@dataclass(frozen=True)
+class CodePolicy:
+    mode: Mode
+    catalog: Catalog
+    source: Path | None = None  # the catalog's file
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> CodePolicy:
+        """The policy a process runs under; raises CatalogError on a bad catalog file."""
+        return cls(settings.policy, load_catalog(settings.catalog), settings.catalog)
+
+    def summary(self) -> str:
+        """One line for a process's start: the policy, and what its catalog holds."""
+        c = self.catalog
+        held = (
+            f"MCP servers {len(c.mcp_servers)}, import prefixes {len(c.imports)}, endpoints "
+            f"{len(c.endpoints)}, vLLM fleets {len(c.vllm_servers)}, model folders "
+            f"{len(c.models.folders)}, hub ids {len(c.models.hub)}"
+        )
+        return f"code policy {self.mode}; catalog {self.source or '(none)'}: {held}"
+
+    @property
+    def open(self) -> bool:
+        return self.mode == "open"
+
+    # -- checking ----------------------------------------------------------------------------
+
+    def check(self, spec: Mapping[str, Any]) -> None:
+        """Raise :class:`NotInCatalog` for the first thing ``spec`` may not name (the API)."""
+        for refusal in self.refusals(spec):
+            raise NotInCatalog(refusal)
+
+    def refusals(self, spec: Mapping[str, Any], *, on_worker: bool = False) -> list[Refusal]:
+        """Everything ``spec`` (a run body as JSON) names that this policy does not allow.
+        ``on_worker``: the model folders are resolved on this machine (symbolic links
+        followed, a hub id that is also a folder here refused)."""
+        return list(self._refusals(spec, on_worker))
+
+    def _refusals(self, spec: Mapping[str, Any], on_worker: bool) -> Iterator[Refusal]:
+        yield from self._model("model_name", spec.get("model_name"), on_worker)
+        yield from self._environment(spec.get("environment"))
+        reward = spec.get("reward") or {}
+        if reward.get("type") == "function":
+            for i, function in enumerate(reward.get("functions") or ()):
+                yield from self._code(f"reward.functions[{i}].name", function.get("name"))
+        for key in ("judge", "small_model", "large_model"):
+            yield from self._endpoint(f"reward.{key}", reward.get(key))
+        yield from self._endpoint("generator", spec.get("generator"))
+        teacher = spec.get("teacher") or {}
+        yield from self._model("teacher.student_model", teacher.get("student_model"), on_worker)
+        yield from self._endpoint("teacher.student_endpoint", teacher.get("student_endpoint"))
+        yield from self._vllm_servers(spec.get("grpo") or {})
+
+    def _model(self, field: str, name: str | None, on_worker: bool) -> Iterator[Refusal]:
+        if name is None or self.open:
+            return
+        models = self.catalog.models
+        offer = (
+            f"the catalog's model folders: {_listed(str(f) for f in models.folders)}; "
+            f"its hub ids: {_listed(models.hub)}"
+        )
+        if name.startswith("/"):
+            if ".." in name.split("/"):
+                yield Refusal(field, f"{name!r} must not go up a folder ('..')")
+                return
+            path = os.path.realpath(name) if on_worker else posixpath.normpath(name)
+            for folder in models.folders:
+                root = os.path.realpath(folder) if on_worker else str(folder)
+                if path == root or path.startswith(root.rstrip("/") + "/"):
+                    return
+            yield Refusal(field, f"{name!r} is in no folder the catalog lists ({offer})")
+            return
+        if models.hub_admits(name):
+            if on_worker and os.path.exists(name):
+                yield Refusal(
+                    field, f"{name!r} is a hub id the catalog lists, but also a folder here"
+                )
+            return
+        yield Refusal(
+            field,
+            f"{name!r} is neither an absolute path in a catalog folder nor a hub id the "
+            f"catalog lists ({offer})",
+        )
+
+    def _code(self, field: str, path: str | None) -> Iterator[Refusal]:
+        """An import path, or a built-in (every name without ':' or '.' is one: the request
+        models refuse unknown ones)."""
+        if path is None or self.open or not any(c in path for c in ".:"):
+            return
+        if any(prefix.admits(path) for prefix in self.catalog.imports):
+            return
+        yield Refusal(
+            field,
+            f"{path!r} is neither a built-in nor under an import prefix of the catalog "
+            f"(prefixes: {_listed(p.prefix for p in self.catalog.imports)})",
+        )
+
+    def _environment(self, environment: Mapping[str, Any] | None) -> Iterator[Refusal]:
+        if not environment:
+            return
+        kind = environment.get("type")
+        if kind == "tools":
+            for i, tool in enumerate(environment.get("tools") or ()):
+                yield from self._code(f"environment.tools[{i}]", tool)
+        elif kind == "python":
+            yield from self._code("environment.factory", environment.get("factory"))
+        elif kind == "mcp":
+            servers = self.catalog.mcp_servers
+            server = environment.get("server")
+            if server is not None and server not in servers:
+                yield Refusal(
+                    "environment.server",
+                    f"no MCP server {server!r} in the catalog (it has: {_listed(servers)})",
+                )
+            for key in ("command", "url"):
+                if environment.get(key) is not None and not self.open:
+                    yield Refusal(
+                        f"environment.{key}",
+                        "under the catalog code policy a run names an MCP server of the "
+                        f"catalog (environment.server; it has: {_listed(servers)}), never a "
+                        f"{key} of its own",
+                    )
+
+    def _endpoint(self, field: str, endpoint: Mapping[str, Any] | None) -> Iterator[Refusal]:
+        if not endpoint:
+            return
+        endpoints = self.catalog.endpoints
+        name = endpoint.get("endpoint")
+        if name is not None and name not in endpoints:
+            yield Refusal(
+                f"{field}.endpoint",
+                f"no endpoint {name!r} in the catalog (it has: {_listed(endpoints)})",
+            )
+        if endpoint.get("base_url") is not None and not self.open:
+            yield Refusal(
+                f"{field}.base_url",
+                "under the catalog code policy a run names an endpoint of the catalog "
+                f"({{endpoint: NAME}}; it has: {_listed(endpoints)}), never a base_url",
+            )
+
+    def _vllm_servers(self, grpo: Mapping[str, Any]) -> Iterator[Refusal]:
+        fleets = self.catalog.vllm_servers
+        name = grpo.get("vllm_servers")
+        if name is not None:
+            fleet = fleets.get(name)
+            if fleet is None:
+                yield Refusal(
+                    "grpo.vllm_servers",
+                    f"no vLLM servers {name!r} in the catalog (it has: {_listed(fleets)})",
+                )
+            elif grpo.get("lora") is None and len(fleet.urls) > 1:
+                yield Refusal(
+                    "grpo.vllm_servers",
+                    f"{name!r} is {len(fleet.urls)} servers; a full fine-tune syncs its "
+                    "weights into one `trl vllm-serve` server: train a LoRA adapter, or name "
+                    "a single server",
+                )
+        if grpo.get("vllm_server_url") is not None and not self.open:
+            yield Refusal(
+                "grpo.vllm_server_url",
+                "under the catalog code policy a run names vLLM servers of the catalog "
+                f"(grpo.vllm_servers; it has: {_listed(fleets)}), never a URL",
+            )
+
+    # -- resolving (workers) -----------------------------------------------------------------
+
+    def resolve(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+        """The fields of ``spec`` that name catalog entries, with each name replaced by what
+        it stands for, in the shape the run body gives it inline (a ``command``, a
+        ``base_url``, a ``vllm_server_url``). Only changed fields are returned. Call it on a
+        spec that :meth:`refusals` passed: every name exists."""
+        changed: dict[str, Any] = {}
+        environment = spec.get("environment")
+        if environment and environment.get("server") is not None:
+            server = self.catalog.mcp_servers[environment["server"]]
+            changed["environment"] = {
+                **environment,
+                "server": None,
+                "command": list(server.command) if server.command else None,
+                "url": server.url,
+                "env": dict(server.env),
+            }
+        reward = spec.get("reward")
+        if reward:
+            named = {
+                k: self._endpoint_of(reward.get(k)) for k in ("judge", "small_model", "large_model")
+            }
+            named = {k: v for k, v in named.items() if v is not None}
+            if named:
+                changed["reward"] = {**reward, **named}
+        generator = self._endpoint_of(spec.get("generator"))
+        if generator is not None:
+            changed["generator"] = generator
+        teacher = spec.get("teacher")
+        if teacher:
+            student = self._endpoint_of(teacher.get("student_endpoint"))
+            if student is not None:
+                changed["teacher"] = {**teacher, "student_endpoint": student}
+        grpo = spec.get("grpo")
+        if grpo and grpo.get("vllm_servers") is not None:
+            urls = list(self.catalog.vllm_servers[grpo["vllm_servers"]].urls)
+            changed["grpo"] = {
+                **grpo,
+                "vllm_servers": None,
+                "vllm_server_url": urls[0] if len(urls) == 1 else urls,
+            }
+        return changed
+
+    def _endpoint_of(self, endpoint: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if not endpoint or endpoint.get("endpoint") is None:
+            return None
+        entry = self.catalog.endpoints[endpoint["endpoint"]]
+        return {
+            **endpoint,
+            "endpoint": None,
+            "base_url": entry.base_url,
+            "model": entry.model,
+            "api_key_env": entry.api_key_env,
+        }
