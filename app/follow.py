@@ -3,11 +3,12 @@
 
 :func:`stream_events` is the protocol: every event of ``GET /runs/{id}/events/stream`` once
 and in order, reconnecting with ``Last-Event-ID`` after a dropped connection (an API
-restart, a proxy timeout), until the stream's ``end``. :func:`follow` draws it: the status, a
-step bar with its ETA, the latest reward beside a sparkline of the curve so far, and the
-last few events, one line each. The ETA is worked out from the events' own timestamps, not
-from how fast they arrive, so that a follow that starts late (the stream replays what it
-missed) shows the run's pace rather than the replay's.
+restart, a proxy timeout), until the stream's ``end``; app/events/sse.py parses it (and
+frames it, on the API's side). :func:`follow` draws it: the status, a step bar with its
+ETA, the latest reward beside a sparkline of the curve so far, and the last few events, one
+line each. The ETA is worked out from the events' own timestamps, not from how fast they
+arrive, so that a follow that starts late (the stream replays what it missed) shows the
+run's pace rather than the replay's.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.text import Text
+
+from app.events import sse
 
 SPARK = "▁▂▃▄▅▆▇█"
 # What `trainyard runs follow` exits with once the run is there (docs/cli.md).
@@ -73,11 +76,12 @@ class Event:
 
 
 def stream_events(
-    client: httpx.Client, run_id: str, *, retry_seconds: float = 1.0
+    client: httpx.Client, run_id: str, *, retry_seconds: float = sse.RETRY_MS / 1000
 ) -> Iterator[Event]:
     """Every event of the run's stream, each once, then its ``end``. A dropped connection or
-    a 5xx answer is retried after ``retry_seconds`` from the last event seen; any other
-    error answer raises :class:`httpx.HTTPStatusError` (its body read)."""
+    a 5xx answer is retried from the last event seen (``Last-Event-ID``) after the delay the
+    stream's ``retry:`` asked for (``retry_seconds`` until one did); any other error answer
+    raises :class:`httpx.HTTPStatusError` (its body read)."""
     last_id: str | None = None
     while True:
         headers = {"Last-Event-ID": last_id} if last_id else {}
@@ -90,23 +94,21 @@ def stream_events(
                     if response.status_code < 500:
                         response.raise_for_status()
                 else:
-                    event_id: str | None = None
-                    kind = ""
-                    for line in response.iter_lines():
-                        if line.startswith(":"):
-                            yield Event(None, "keep-alive", {})
-                        elif line.startswith("id: "):
-                            event_id = line[4:]
-                        elif line.startswith("event: "):
-                            kind = line[7:]
-                        elif line.startswith("data: "):
-                            data = json.loads(line[6:])
-                            if kind == "end":
+                    parser = sse.Parser()
+                    for chunk in response.iter_bytes():
+                        for message in parser.feed(chunk):
+                            if message.retry is not None:
+                                retry_seconds = message.retry / 1000
+                            if message.data is None:
+                                if message.comment is not None:
+                                    yield Event(None, "keep-alive", {})
+                                continue
+                            data = json.loads(message.data)
+                            if message.event == "end":
                                 yield Event(None, "end", data)
                                 return
-                            last_id = event_id or last_id
-                            yield Event(event_id, kind, data)
-                            event_id, kind = None, ""
+                            last_id = message.id or last_id
+                            yield Event(message.id, message.event, data)
         except httpx.TransportError:
             pass  # dropped: resumed below from Last-Event-ID
         time.sleep(retry_seconds)

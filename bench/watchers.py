@@ -20,10 +20,11 @@ JSON summary goes to stdout. See bench/README.md.
         --pollers 20 --output /tmp/w.md                                # a quick look
 
 Each watcher is a raw asyncio HTTP/1.1 client (``asyncio.open_connection``) that parses the
-stream, records every event id with its arrival time, and reconnects with ``Last-Event-ID``
-when the stream closes (after the ``retry:`` the server asked for). The commit time of an
-event is when the harness's own LISTEN on ``trainyard_run_events`` (a process of its own)
-received the notification naming its id: PostgreSQL sends it at commit.
+stream with the CLI's parser (app/events/sse.py, which says why not httpx and httpx-sse),
+records every event id with its arrival time, and reconnects with ``Last-Event-ID`` when the
+stream closes (after the ``retry:`` the server asked for). The commit time of an event is
+when the harness's own LISTEN on ``trainyard_run_events`` (a process of its own) received
+the notification naming its id: PostgreSQL sends it at commit.
 
 Needs PostgreSQL (the database bench_watchers is dropped and created, and dropped again at
 the end unless --keep) and Redis (db 13, keys under a prefix of their own). Standard library,
@@ -104,6 +105,8 @@ from common import (
     watch,
     write_section,
 )
+
+from app.events import sse
 
 MARK_START = "<!-- watchers:start -->"
 MARK_END = "<!-- watchers:end -->"
@@ -196,26 +199,24 @@ async def _watch(cfg: WatcherConfig, conn: mpc.Connection) -> WatcherResult:
                 connected[n] = time.time()
             if b"transfer-encoding: chunked" not in head.lower():
                 return last_id, None, "not a chunked stream"
-            buf = b""
+            parser = sse.Parser()
             while True:
                 size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
                 if size == 0:
                     return last_id, retry, closing
                 data = await reader.readexactly(size + 2)
                 now = time.time()
-                *blocks, buf = (buf + data[:-2]).split(b"\n\n")
-                for block in blocks:
-                    if block.startswith(b"id:"):
-                        last_id = int(block[3 : block.index(b"\n")])
+                for message in parser.feed(data[:-2]):
+                    if message.event == "end":
+                        return last_id, None, "end"
+                    if message.id is not None:
+                        last_id = int(message.id)
                         got.append(last_id)
                         when.append(now)
-                    elif block.startswith(b"retry:"):
-                        line, _, rest = block.partition(b"\n")
-                        retry = int(line[6:]) / 1000
-                        if b"too far behind" in rest:
-                            closing = "too far behind (the server's retry hint)"
-                    elif block.startswith(b"event: end"):
-                        return last_id, None, "end"
+                    if message.retry is not None:
+                        retry = message.retry / 1000
+                    if message.comment == sse.TOO_FAR_BEHIND_NOTE:
+                        closing = "too far behind (the server's retry hint)"
         finally:
             writer.close()
 
@@ -233,7 +234,7 @@ async def _watch(cfg: WatcherConfig, conn: mpc.Connection) -> WatcherResult:
                 ended += 1
                 return
             closes[why] += 1
-            await asyncio.sleep(retry if retry is not None else 1.0)
+            await asyncio.sleep(retry if retry is not None else sse.RETRY_MS / 1000)
 
     async def window_cpu() -> tuple[float, float]:
         await asyncio.sleep(max(0.0, start_at - time.time()))

@@ -3,8 +3,8 @@
 A statement that appends run events notifies ``trainyard_run_events`` (migration 0010) with
 the run and its first new id, after commit. The process listens on one connection of its
 own; for a run that has subscribers it reads the new events once, renders each Server-Sent
-Event once, and hands the same strings to every subscriber. An idle stream costs nothing: no
-query runs until something happens to its run.
+Event once (framed as app/events/sse.py says), and hands the same bytes to every subscriber.
+An idle stream costs nothing: no query runs until something happens to its run.
 
 Exactly once and in order, per subscriber:
 
@@ -44,16 +44,12 @@ import asyncpg
 
 from app.core.pg import connect_kwargs
 from app.events.service import STREAM_BATCH, StreamBatch, stream_read
+from app.events.sse import KEEP_ALIVE, TOO_FAR_BEHIND, end
 
 log = logging.getLogger(__name__)
 
 #: What migration 0010's trigger notifies: ``<run id>:<first new event id>:<last new id>``.
 CHANNEL = "trainyard_run_events"
-
-KEEP_ALIVE = b": keep-alive\n\n"
-# The last message to a subscriber that fell behind: its client reconnects after a second
-# with Last-Event-ID and reads the rest from the log.
-TOO_FAR_BEHIND = b"retry: 1000\n: too far behind; reconnect to resume\n\n"
 
 
 @dataclass(eq=False, slots=True)
@@ -79,7 +75,7 @@ class Subscriber:
             self.dropped = True
             self.pending.clear()
         elif batch.last:
-            self.ended = batch.end()
+            self.ended = end(batch.status)
         self.wake.set()
 
     def take(self) -> bytes:
@@ -340,7 +336,7 @@ class Subscription:
                 me.position = batch.events[-1][0]
                 yield batch.chunk
             if batch.last:
-                yield batch.end()
+                yield end(batch.status)
                 return
             if len(batch.events) < STREAM_BATCH:
                 break

@@ -27,7 +27,7 @@ from app.core.pagination import (
     encode_cursor,
     rendered_page,
 )
-from app.events import conditional, service
+from app.events import conditional, service, sse
 from app.events.conditional import NOT_MODIFIED, IfNoneMatch
 from app.events.fanout import EventHub
 from app.events.schemas import RunEventsPage
@@ -117,7 +117,10 @@ _SSE_EVENT = {
                 ]
             },
         },
-        "retry": {"type": "integer", "description": "Reconnect delay in milliseconds."},
+        "retry": {
+            "type": "integer",
+            "description": f"Reconnect delay in milliseconds ({sse.RETRY_MS}).",
+        },
     },
 }
 _SSE_STREAM = {
@@ -177,7 +180,7 @@ async def stream_run_events(
     hub: EventHub = request.app.state.event_hub
 
     async def events() -> AsyncIterator[bytes]:
-        yield b"retry: 2000\n\n"
+        yield sse.RETRY
         async with hub.subscribe(run_id, start) as subscription:
             async for message in subscription.messages():
                 yield message

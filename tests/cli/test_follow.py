@@ -1,10 +1,12 @@
 """The commands that watch and read runs (`runs follow|events|compare`, `trajectories
 list|show|export`, `keys list`), run as a user runs them: real ``trainyard`` processes, with
 nothing exported, against a real ``trainyard up`` (API and a worker whose ``ticking``
-pipeline walks the real phases without training) on a database of the module's own."""
+pipeline walks the real phases without training) on a database of the module's own. And
+the stream reader behind `runs follow` (app/follow.py) against a real API process."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import queue
@@ -13,16 +15,20 @@ import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
+from app.follow import Event, stream_events
+from tests.support.api_process import api_process
 from tests.support.cli import TICKING, Up, cli, scratch, user_env
-from tests.support.database import OwnDatabase
+from tests.support.database import Maker, OwnDatabase, database_of_its_own, new_tenant, sessions_on
+from tests.support.events import append_events, event_ids
 from tests.support.runs import run_body
 from tests.support.workers import FAST
 
@@ -333,6 +339,83 @@ def test_runs_compare_marks_what_differs(service: Service) -> None:
     alone = service.cli("runs", "compare", one)
     assert alone.returncode == 2 and "2 to 5 runs" in alone.stderr
     assert uuid.UUID(one)
+
+
+class _Reader:
+    """:func:`app.follow.stream_events` in a thread of its own, as `runs follow` reads."""
+
+    def __init__(self, url: str, headers: dict[str, str], run_id: str) -> None:
+        self.events: list[Event] = []
+        self._queue: queue.Queue[Event | None] = queue.Queue()
+        client = httpx.Client(base_url=url, headers=headers)
+        threading.Thread(target=self._read, args=(client, run_id), daemon=True).start()
+
+    def _read(self, client: httpx.Client, run_id: str) -> None:
+        try:
+            for event in stream_events(client, run_id):
+                self._queue.put(event)
+        finally:
+            self._queue.put(None)
+
+    async def until(self, wanted: Callable[[Event], bool]) -> Event:
+        """The first event from now on for which ``wanted(event)`` holds."""
+        while True:
+            event = await asyncio.to_thread(self._queue.get, timeout=30)
+            assert event is not None, "the stream ended first"
+            self.events.append(event)
+            if wanted(event):
+                return event
+
+
+async def _append(maker: Maker, run_id: str, message: str) -> None:
+    """One event, appended as every writer appends: holding the run's row lock."""
+    async with maker() as s, s.begin():
+        await s.execute(text("SELECT 1 FROM runs WHERE id = :id FOR UPDATE"), {"id": run_id})
+        await s.execute(
+            text(
+                "INSERT INTO run_events (run_id, type, level, message, data)"
+                " VALUES (:id, 'log', 'info', :message, '{}'::jsonb)"
+            ),
+            {"id": run_id, "message": message},
+        )
+
+
+async def test_follow_reads_the_api_stream_and_resumes_where_it_dropped(
+    service_urls: tuple[str, str], tmp_path: Path
+) -> None:
+    """The stream of a real API process (no worker: the test writes the events), read as
+    `runs follow` reads it: keep-alives; text with line separators other than SSE's (U+2028,
+    NEL: httpx's iter_lines split on them) intact; after the API is killed and started
+    again, what was written meanwhile, resumed from Last-Event-ID; every event once, in
+    order, then the end."""
+    async with (
+        database_of_its_own(service_urls) as own,
+        sessions_on(own.url, pool_size=2) as maker,
+    ):
+        tenant = await new_tenant(maker)
+        env = {**own.env(), "TRAINYARD_SSE_KEEPALIVE_SECONDS": "0.2"}
+        with api_process(tmp_path / "api.log", env) as api:
+            async with httpx.AsyncClient(base_url=api.url, headers=tenant.headers) as http:
+                made = await http.post("/runs", json=run_body())
+            assert made.status_code == 202, made.text
+            run_id = made.json()["id"]
+            reader = _Reader(api.url, tenant.headers, run_id)
+            await reader.until(lambda e: e.type == "keep-alive")
+            odd = "one\u2028two\x85three"
+            await _append(maker, run_id, odd)
+            assert (await reader.until(lambda e: e.type == "log")).data["message"] == odd
+
+            api.kill()
+            await _append(maker, run_id, "written while the API was down")
+            api.start()
+            await append_events(maker, uuid.UUID(run_id), 1, end=True)
+            assert await reader.until(lambda e: e.type == "end") == Event(
+                None, "end", {"status": "cancelled"}
+            )
+        ids = [int(e.id) for e in reader.events if e.id is not None]
+        assert ids == await event_ids(maker, uuid.UUID(run_id))
+        messages = [e.data["message"] for e in reader.events if e.type == "log"]
+        assert messages == [odd, "written while the API was down", "event 1"]
 
 
 def test_the_eta_is_the_runs_pace_not_the_replays() -> None:

@@ -11,7 +11,8 @@ import asyncpg
 from sqlalchemy import text
 
 from app.core.pg import connect_kwargs
-from app.events.fanout import KEEP_ALIVE, TOO_FAR_BEHIND, EventHub
+from app.events.fanout import EventHub
+from app.events.sse import KEEP_ALIVE, TOO_FAR_BEHIND
 from tests.support.events import (
     all_received,
     append_events,

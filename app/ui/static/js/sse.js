@@ -20,7 +20,7 @@ export class EventStream {
     this.runId = runId;
     this.handlers = handlers;
     this.lastEventId = null;
-    this.retryMs = 2000;
+    this.retryMs = 1000; // the server's RETRY_MS (app/events/sse.py) until the stream says
     this.controller = null;
     this.closed = false;
     this.reconnects = 0;
