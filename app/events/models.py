@@ -1,7 +1,8 @@
 """Run events: the append-only log behind ``/events`` and the SSE stream.
 
 ``id`` is a bigserial, so it orders events of all runs; readers page by it and SSE clients
-resume from it (``Last-Event-ID``).
+resume from it (``Last-Event-ID``). Rows are inserted only by :mod:`app.events.service`,
+which holds the run's row lock for each, so a run's ids become visible in order.
 """
 
 from __future__ import annotations

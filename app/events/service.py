@@ -1,26 +1,63 @@
-"""The run event log.
+"""The run event log: its one writer and its readers.
 
 Readers page and stream by ``id`` and trust that, per run, ids become visible in order.
-That holds because every writer appends while holding the run's row lock (a transition,
-a lease renewal, a flag or the reconciler's ``FOR UPDATE`` come first in the transaction),
-so two transactions writing events of one run are serialised, ids and commits alike.
+That holds because every insert into ``run_events`` holds the run's row lock: two
+transactions writing events of one run are then serialised, ids (drawn from the sequence
+at the insert) and commits alike. This module is the only place that inserts events, in two
+forms, so the lock is taken by construction:
+
+- :func:`append`, for code with an ORM session: one statement that locks the run's row
+  and appends the event (the lock is cheap when the transaction holds it already).
+- :func:`insert_events`, the ``INSERT`` for hand-written statements that append events in
+  a CTE (a move of :mod:`app.runs.state`, a run's creation in :mod:`app.runs.repository`
+  and :mod:`app.training_data.jsonl`). Its caller's statement must hold the lock itself.
+
+``tests/events/test_writer.py`` fails when ``app/`` or ``workers/`` inserts events anywhere
+else, and checks that concurrent writers' ids become visible in order.
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from sqlalchemy import insert
+from sqlalchemy import bindparam, text
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.core.domain import NotFound
 from app.core.sql import json_object
-from app.events.models import RunEvent
+from app.events import sse
 from app.events.schemas import RunEventPublic
 from app.runs.status import TERMINAL, RunStatus
+
+
+def insert_events(rows: str) -> str:
+    """The ``INSERT`` of ``rows`` into the log: a ``SELECT`` or ``VALUES`` giving each event's
+    ``run_id, type, level, message, data``, in the order the ids are to be drawn.
+
+    Use it only inside a statement that holds the row lock of every run it appends to:
+    a CTE that locked the row first (``SELECT … FOR UPDATE``, as a move does), or one that
+    inserts the run itself (a run's creation: no other transaction can see the row, let
+    alone write events for it, until this one commits). The text is the same whatever
+    ``rows`` is, so a statement built with it costs what a hand-written one did."""
+    return f"INSERT INTO run_events (run_id, type, level, message, data)\n    {rows}"
+
+
+# FOR NO KEY UPDATE: the lock an UPDATE of the run takes. It excludes every other event
+# writer (a move's FOR UPDATE, a lease's or a flag's UPDATE, another append) but not the
+# FOR KEY SHARE that inserting a row which references the run takes (a trajectory, a metric).
+_APPEND = text(
+    f"""
+WITH run AS (
+    SELECT id FROM runs WHERE id = :run_id FOR NO KEY UPDATE
+)
+{insert_events("SELECT run.id, :type, :level, :message, CAST(:data AS jsonb) FROM run")}
+RETURNING id
+"""
+).bindparams(bindparam("data", type_=JSONB))
 
 
 async def append(
@@ -31,13 +68,17 @@ async def append(
     *,
     level: str = "info",
     data: dict[str, Any] | None = None,
-) -> None:
-    """Append an event; call it inside a transaction that already locked the run's row."""
-    await session.execute(
-        insert(RunEvent).values(
-            run_id=run_id, type=type_, level=level, message=message, data=data or {}
-        )
+) -> int:
+    """Append an event to the run's log in ``session``'s transaction, holding the run's row
+    lock until it ends (one statement: the lock, cheap when already held, and the insert).
+    Returns the event's id; raises NotFound when the run is gone."""
+    event_id = await session.scalar(
+        _APPEND,
+        {"run_id": run_id, "type": type_, "level": level, "message": message, "data": data or {}},
     )
+    if event_id is None:
+        raise NotFound("Run")
+    return int(event_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +169,6 @@ class StreamBatch:
         ended = self.status is None or RunStatus(self.status) in TERMINAL
         return ended and len(self.events) < STREAM_BATCH
 
-    def end(self) -> bytes:
-        """The stream's last message: `end` with the run's final status."""
-        return f"event: end\ndata: {json.dumps({'status': self.status})}\n\n".encode()
-
 
 async def stream_read(pool: asyncpg.Pool, run_id: uuid.UUID, after_id: int) -> StreamBatch:
     """Up to STREAM_BATCH events of the run with id > ``after_id``, rendered for SSE."""
@@ -139,7 +176,7 @@ async def stream_read(pool: asyncpg.Pool, run_id: uuid.UUID, after_id: int) -> S
     if not rows:
         return StreamBatch([], None, b"")
     events = [
-        (row["id"], f"id: {row['id']}\nevent: {row['type']}\ndata: {row['payload']}\n\n")
+        (row["id"], sse.event(row["id"], row["type"], row["payload"]))
         for row in rows
         if row["id"] is not None
     ]

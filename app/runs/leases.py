@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import case, func, insert, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
+from app.events import service as events
 from app.events.models import RunEvent
 from app.runs.dispatch import mark_due
 from app.runs.models import Run
@@ -65,13 +66,12 @@ async def claim(
         )
     ).scalar_one_or_none()
     if claimed is not None:
-        await session.execute(
-            insert(RunEvent).values(
-                run_id=run_id,
-                type="lease",
-                message=f"claimed by {owner} (attempt {claimed.attempt})",
-                data={"owner": owner, "attempt": claimed.attempt, "failures": claimed.failures},
-            )
+        await events.append(
+            session,
+            run_id,
+            "lease",
+            f"claimed by {owner} (attempt {claimed.attempt})",
+            data={"owner": owner, "attempt": claimed.attempt, "failures": claimed.failures},
         )
         return claimed, Fence(owner=owner, attempt=claimed.attempt)
 

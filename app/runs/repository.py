@@ -20,6 +20,7 @@ import asyncpg
 
 from app.core.domain import Conflict, InvalidInput, LimitReached, NotFound
 from app.core.errors import UNKNOWN_REFERENCE
+from app.events.service import insert_events
 from app.runs.dispatch import DUE_CHANNEL
 from app.runs.schemas import RunCreate, RunPublic
 from app.runs.status import TERMINAL, RunStatus
@@ -107,6 +108,16 @@ _INSERT_FROM_DATASET = insert_run_sql(
     select_from="ds",
 )
 
+# A create's first event. The statement inserts the run itself, so no other transaction can
+# see the row, let alone append to its log, before this one commits: the row lock the event
+# writer requires (app/events/service.py) is held by construction.
+_CREATED_EVENT = insert_events("VALUES ($1, 'created', 'info', 'run created', $23::jsonb)")
+_CREATED_FROM_DATASET_EVENT = insert_events(
+    """SELECT run.id, 'created', 'info', 'run created',
+        jsonb_build_object('dataset_id', ds.id, 'dataset_inputs', ds.num_rows)
+    FROM run CROSS JOIN ds"""
+)
+
 _CREATE = f"""
 WITH run AS (
     {_INSERT_INLINE}
@@ -116,8 +127,7 @@ WITH run AS (
     SELECT gen_random_uuid(), $1, i.index, i.input_text, i.context, i.split
     FROM jsonb_to_recordset($22::jsonb) AS i(index int, input_text text, context jsonb, split text)
 ), event AS (
-    INSERT INTO run_events (run_id, type, level, message, data)
-    VALUES ($1, 'created', 'info', 'run created', $23::jsonb)
+    {_CREATED_EVENT}
 )
 SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 """
@@ -136,10 +146,7 @@ WITH ds AS (
     SELECT gen_random_uuid(), run.id, r.index, r.input_text, r.context, r.split
     FROM run JOIN dataset_rows r ON r.dataset_id = run.dataset_id
 ), event AS (
-    INSERT INTO run_events (run_id, type, level, message, data)
-    SELECT run.id, 'created', 'info', 'run created',
-        jsonb_build_object('dataset_id', ds.id, 'dataset_inputs', ds.num_rows)
-    FROM run CROSS JOIN ds
+    {_CREATED_FROM_DATASET_EVENT}
 )
 SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
 """

@@ -16,14 +16,14 @@ from datetime import datetime
 
 import asyncpg
 from pydantic.main import IncEx
-from sqlalchemy import func, insert, select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from app.catalog.policy import CodePolicy
 from app.core import idempotency
 from app.core.domain import NotFound
-from app.events.models import RunEvent
+from app.events import service as events
 from app.runs import repository
 from app.runs.dispatch import mark_due
 from app.runs.leases import lease_is_live
@@ -177,7 +177,7 @@ async def _set_flag(session: AsyncSession, run: Run, flag: str, value: bool, mes
     """Set or clear a stop flag the holding worker reads at its next heartbeat."""
     await session.execute(update(Run).where(col(Run.id) == run.id).values({flag: value}))
     event = flag if value else "pause_withdrawn"
-    await session.execute(insert(RunEvent).values(run_id=run.id, type=event, message=message))
+    await events.append(session, run.id, event, message)
     refreshed = await session.get(Run, run.id, populate_existing=True)
     assert refreshed is not None
     return refreshed

@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.domain import Conflict, NotFound
 from app.core.storable import jsonable
+from app.events.service import insert_events
 from app.runs.models import Run
 from app.runs.status import TERMINAL, WORKING, RunStatus
 
@@ -203,25 +204,30 @@ class Move:
 _SETTABLE = frozenset({"step", "epoch", "metrics", "dispatched_at", "failures"})
 _MERGED = frozenset({"metrics"})  # jsonb objects: a move merges its keys into them
 
-_STATEMENT = """
-WITH old AS (
-    SELECT id, status FROM runs WHERE id = $1 FOR UPDATE
-), moved AS (
-    UPDATE runs AS r
-       SET status = $2{sets}
-      FROM old
-     WHERE r.id = old.id AND old.status = ANY($3::text[]){fence}
-    RETURNING r.id, r.project_id, r.learning_key, old.status AS src
-), events AS (
-    INSERT INTO run_events (run_id, type, level, message, data)
-    SELECT moved.id, e.item ->> 'type', e.item ->> 'level',
+# The move's events ($4, a JSON array), in order, after the run moved: ``old`` has locked
+# its row, as the event writer requires (app/events/service.py).
+_EVENTS = insert_events(
+    """SELECT moved.id, e.item ->> 'type', e.item ->> 'level',
            coalesce(e.item ->> 'message', moved.src || ' → ' || $2),
            CASE WHEN e.n = 1 AND e.item ->> 'type' = 'status'
                 THEN jsonb_build_object('from', moved.src) || (e.item -> 'data')
                 ELSE e.item -> 'data' END
       FROM moved, jsonb_array_elements(($4::text)::jsonb) WITH ORDINALITY AS e(item, n)
-     ORDER BY e.n
-){rows}
+     ORDER BY e.n"""
+)
+
+_STATEMENT = f"""
+WITH old AS (
+    SELECT id, status FROM runs WHERE id = $1 FOR UPDATE
+), moved AS (
+    UPDATE runs AS r
+       SET status = $2{{sets}}
+      FROM old
+     WHERE r.id = old.id AND old.status = ANY($3::text[]){{fence}}
+    RETURNING r.id, r.project_id, r.learning_key, old.status AS src
+), events AS (
+    {_EVENTS}
+){{rows}}
 SELECT src FROM moved
 """
 

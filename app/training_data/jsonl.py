@@ -26,6 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from app.core.copy_format import NULL, copy_field
 from app.core.storable import NulFreeStr, StorableObject
+from app.events.service import insert_events
 from app.runs.repository import insert_run_sql
 from app.training_data import queries
 from app.training_data.filters import Filters, TrainingDataError, check_limit, check_order
@@ -214,9 +215,14 @@ _INSERT_RUN = insert_run_sql(
         "completed_at": "now()",
     }
 )
-_INSERT_EVENT = """
-INSERT INTO run_events (run_id, type, level, message, data)
-VALUES ($1, 'imported', 'info', $2, $3)
+# The imported run and its one event, in one statement: inserting the run in it holds the
+# row lock the event writer requires (app/events/service.py), since no other transaction
+# can see the run before this one commits.
+_IMPORT_RUN = f"""
+WITH run AS (
+    {_INSERT_RUN}
+)
+{insert_events("VALUES ($1, 'imported', 'info', $9, $10)")}
 """
 # The columns an import (and the training-data benchmark's load) COPYs, in this order.
 COPY_COLUMNS = (
@@ -258,7 +264,7 @@ async def import_jsonl_async(
                 run_id = new_ids[source_id]
                 key = learning_key or next((r.learning_key for r in rows if r.learning_key), None)
                 await conn.execute(
-                    _INSERT_RUN,
+                    _IMPORT_RUN,
                     run_id,
                     project_id,
                     model_name,
@@ -267,10 +273,6 @@ async def import_jsonl_async(
                     key,
                     {"imported_from": source_id or None},
                     max(r.step for r in rows),
-                )
-                await conn.execute(
-                    _INSERT_EVENT,
-                    run_id,
                     f"imported {len(rows)} trajectories",
                     {"source_run_id": source_id or None, "trajectories": len(rows)},
                 )
