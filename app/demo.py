@@ -195,10 +195,16 @@ def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: boo
         console.print(f"building the tiny model in {model}")
         _cli("tiny-model", str(model), *flavour.tiny_model_args, env=env)
 
-    logs = home / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    log_file = (logs / "demo-up.log").open("ab")
-    console.print(f"starting API and worker (embedded services; log: {log_file.name} in {logs})")
+    log_path = home / "logs" / "demo-up.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    log_file = log_path.open("ab")
+    # soft_wrap: the path stays on one line, whole, for copying (rich would break it).
+    console.print(
+        f"starting API and worker (embedded services); log: {log_path}",
+        soft_wrap=True,
+        markup=False,
+        highlight=False,
+    )
     up = subprocess.Popen(
         [sys.executable, "-m", "app.cli", "up", "--port", str(port)],
         env=env,

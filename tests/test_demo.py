@@ -56,6 +56,9 @@ def test_demo_runs_a_real_training_run_end_to_end(folder: Path) -> None:
         "grpo.save_steps=10",
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    # The log's whole path on the line that names it, ready to copy (rich wraps no path).
+    log = (folder / "home" / "logs" / "demo-up.log").resolve()
+    assert any(line.endswith(f"log: {log}") for line in done.stderr.splitlines())
     assert "completed 20 steps" in done.stderr
     assert "reward curve" in done.stderr
     assert "final model" in done.stderr

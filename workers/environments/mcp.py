@@ -268,6 +268,10 @@ class McpToolbox:
         try:
             return future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
+            if future.done() and not future.cancelled():
+                # The coroutine's own TimeoutError (a tool past its deadline): the same class
+                # as the wait's since Python 3.11, and the message that says which tool.
+                raise
             future.cancel()
             raise TimeoutError(f"the MCP server {self._label} did not answer in time") from None
         except concurrent.futures.CancelledError:
