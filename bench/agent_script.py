@@ -6,9 +6,13 @@ The same training a Trainyard run of configs/runs/agent-calculator.yaml does —
 SFTTrainer on the run's demonstrations, then TRL's GRPOTrainer with an
 ``environment_factory`` offering the calculator's four tools, rewarded 1 for the right
 final answer — with the same SFT and GRPOConfig values the worker maps the run onto
-(workers/pipeline/sft.py, workers/pipeline/training.py ``grpo_config``), and none of the
-service around it: no database, no lease, no statuses, no guarded tool calls, nothing
+(workers/pipeline/sft.py, ``GrpoSettings.trl_arguments`` in app/runs/grpo.py), and none of
+the service around it: no database, no lease, no statuses, no guarded tool calls, nothing
 persisted but TRL's own checkpoints, the warm-up's model and the final model.
+
+Its SFTConfig and GRPOConfig are written out here on purpose, value by value, as a user
+following TRL's documentation would: it stands for plain TRL, so it must not borrow the
+service's mapping (a mistake in that mapping would then hide in both sides).
 
     .venv/bin/python bench/agent_script.py --model DIR --run RUN.json --inputs-file FILE
 

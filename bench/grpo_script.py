@@ -6,6 +6,10 @@ the same GRPOConfig values the worker maps a run's settings onto, reward = the f
 characters equal to 'a' — with none of the service around it: no database, no lease, no
 statuses, nothing persisted but TRL's own checkpoints and the final model.
 
+Its GRPOConfig is written out here on purpose, value by value, as a user following TRL's
+documentation would: it stands for plain TRL, so it must not borrow the service's mapping
+(``GrpoSettings.trl_arguments``; a mistake there would then hide in both sides).
+
     .venv/bin/python bench/grpo_script.py --model DIR --steps 100 --prompts-file FILE
 
 Imports come first and are not timed (process start-up). Timed: building the dataset and

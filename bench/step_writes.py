@@ -50,10 +50,12 @@ def main(argv: list[str] | None = None) -> int:
     from sqlalchemy import text
 
     from app.core.settings import Settings
+    from app.runs.spec import RunSpec
     from app.runs.state import Fence
     from workers.context import RunContext
     from workers.pipeline.callback import RunCallback
-    from workers.pipeline.training import RunPaths, StepBridge
+    from workers.pipeline.paths import RunPaths
+    from workers.pipeline.steps import StepBridge
     from workers.rewards import make_scorer
     from workers.runtime import Runtime
 
@@ -117,10 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         ctx = RunContext(runtime, scratch, Fence(owner=OWNER, attempt=1))
         run = runtime.run(ctx.load())
-        bridge = StepBridge(ctx, run, make_scorer(run.reward), engine="transformers")
+        spec = RunSpec.of(run)
+        bridge = StepBridge(ctx, spec, make_scorer(spec.reward))
         # Only the plan's length matters to these writes (is there a next step?).
         plan: list[Any] = [None] * (args.steps + 2)
-        callback = RunCallback(ctx, run, bridge, RunPaths(Path("/nonexistent")), plan)
+        callback = RunCallback(ctx, spec, bridge, RunPaths(Path("/nonexistent")), plan)
         rollouts = [
             {
                 "group_index": r.group_index,

@@ -313,3 +313,102 @@ class GrpoSettings(RequestModel):
                 "micro-batch holds whole groups)"
             )
         return self
+
+    # -- what the workers read ---------------------------------------------------------------
+
+    @property
+    def server_urls(self) -> list[str]:
+        """The vLLM servers' root URLs, without the OpenAI API's ``/v1`` (TRL's client and
+        the adapter routes want the root); empty unless the engine is ``vllm-server`` (a
+        catalog's ``vllm_servers`` is resolved into ``vllm_server_url`` by the worker)."""
+        value = self.vllm_server_url or []
+        urls = [value] if isinstance(value, str) else value
+        return [url.rstrip("/").removesuffix("/v1") for url in urls]
+
+    def trl_arguments(
+        self,
+        *,
+        output_dir: str,
+        num_generations: int,
+        learning_rate: float,
+        max_steps: int,
+        run_name: str,
+        cuda: bool,
+        evaluate: bool,
+        max_turns: int | None = None,
+    ) -> dict[str, Any]:
+        """These settings as the keyword arguments of TRL's ``GRPOConfig``: the one mapping
+        (the worker builds the config from it; ``app`` imports no TRL). The rest is the
+        run's: ``num_generations`` (rollouts_per_group), ``learning_rate``, ``max_steps``
+        (the plan's length), ``max_turns`` (an agent run's environment.max_turns, TRL's
+        max_tool_calling_iterations), and where it runs (``cuda``: bf16/fp16 apply only
+        there; on CPU TRL's bf16 default must be turned off)."""
+        per_step = self.groups_per_step * num_generations
+        ranks = self.distributed.num_processes
+        accumulation = self.gradient_accumulation_steps
+        engine: dict[str, Any] = {}
+        if self.engine == "vllm-colocate":
+            engine = {
+                "use_vllm": True,
+                "vllm_mode": "colocate",
+                "vllm_gpu_memory_utilization": self.vllm_gpu_memory_utilization,
+                "vllm_max_model_length": self.vllm_max_model_len,
+            }
+        elif self.engine == "vllm-server" and self.lora is None:
+            # TRL's server mode: all the weights broadcast to `trl vllm-serve` over NCCL. A
+            # LoRA run's rollouts come from Trainyard's rollout_func instead.
+            engine = {
+                "use_vllm": True,
+                "vllm_mode": "server",
+                "vllm_server_base_url": self.server_urls[0],
+                "vllm_server_timeout": self.vllm_server_timeout_s,
+            }
+        if max_turns is not None:
+            engine["max_tool_calling_iterations"] = max_turns
+        if evaluate:
+            engine |= {
+                "eval_strategy": "steps",
+                "eval_steps": self.eval_steps or self.save_steps,
+                "per_device_eval_batch_size": per_step // ranks,
+                "load_best_model_at_end": self.load_best_model_at_end,
+                "metric_for_best_model": self.metric_for_best_model,
+                "greater_is_better": self.greater_is_better,
+            }
+        return {
+            "output_dir": output_dir,
+            "learning_rate": learning_rate,
+            "max_steps": max_steps,
+            "num_train_epochs": 1,
+            "num_generations": num_generations,
+            # One generation of groups_per_step groups per optimizer step, split over the
+            # ranks and into micro-batches when gradients are accumulated (checked to split).
+            "per_device_train_batch_size": per_step // (accumulation * ranks),
+            "gradient_accumulation_steps": accumulation,
+            "steps_per_generation": accumulation,
+            "shuffle_dataset": False,  # the dataset is already in the plan's order
+            "seed": self.seed,
+            "beta": self.beta,
+            "loss_type": self.loss_type,
+            "scale_rewards": self.scale_rewards,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k or 0,
+            "min_p": self.min_p,
+            "repetition_penalty": self.repetition_penalty,
+            "max_completion_length": self.max_completion_length,
+            "warmup_steps": self.warmup_ratio,  # a float below 1 is a ratio in transformers 5
+            "weight_decay": self.weight_decay,
+            "max_grad_norm": self.max_grad_norm,
+            "gradient_checkpointing": self.gradient_checkpointing,
+            "bf16": self.bf16 and cuda,
+            "fp16": self.fp16 and cuda,
+            "use_cpu": not cuda,
+            "logging_steps": 1,
+            "save_strategy": "steps",
+            "save_steps": self.save_steps,
+            "save_total_limit": None,  # Trainyard prunes its own checkpoint folder
+            "report_to": [],  # trackers are attached as callbacks (workers/pipeline)
+            "run_name": run_name,
+            "disable_tqdm": True,
+            **engine,
+        }

@@ -46,7 +46,7 @@ def played(answer: str) -> tuple[list[dict[str, Any]], Any]:
         {"role": "tool", "name": "multiply", "content": product},
         {"role": "assistant", "content": answer},
     ]
-    return build(completion, calc._records, None, calc._failure).messages, calc
+    return build(completion, calc.records, None, calc.failure).messages, calc
 
 
 # --- reward functions --------------------------------------------------------------------

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from workers.pipeline.training import reward_components
+from workers.pipeline.steps import reward_components
 from workers.rewards import Score
 
 

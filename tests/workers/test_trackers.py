@@ -14,7 +14,7 @@ import pytest
 
 from tests.support.runs import series, wait_for
 from tests.support.workers import letters_run
-from workers.pipeline.training import TrackerUnavailable, check_trackers
+from workers.pipeline.trackers import TrackerUnavailable, check_trackers
 
 PROBLEM = "application/problem+json"
 DEMO = [{"role": "user", "content": "Sing."}, {"role": "assistant", "content": "aaaa"}]

@@ -7,7 +7,8 @@ schema) and hands the instances to the reward functions. Every environment type 
 go through :func:`~workers.environments.safety.call_tool`, so each instance knows, for its
 own episode, every call's duration, error and truncation, and whether the episode failed.
 
-Helpers are private (underscored): a public method would be offered to the model as a tool.
+Helpers are private (underscored): a public method would be offered to the model as a tool
+(TRL lists the class's functions; the properties the pipeline reads are not offered).
 ``get_reward`` is deliberately not defined: TRL would add it as a reward of its own, outside
 the run's weighted reward spec; the ``environment`` reward function calls
 :meth:`Episode._reward` instead.
@@ -66,12 +67,15 @@ class Episode:
 
     # --- for the pipeline -----------------------------------------------------------------
 
+    # Properties, not methods: TRL offers an environment's public *functions* as tools.
     @property
-    def _records(self) -> list[CallRecord]:
+    def records(self) -> list[CallRecord]:
+        """Every tool call of the episode so far: name, duration, error, truncation."""
         return self._calls
 
     @property
-    def _failure(self) -> str | None:
+    def failure(self) -> str | None:
+        """Why the episode failed (a tool that broke it), or None."""
         return self._failed
 
 

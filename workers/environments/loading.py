@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from importlib import import_module
 from typing import Any
 
+from pydantic import BaseModel
+
+from app.runs.environments import EnvironmentSpec
 from workers.environments.episode import (
     Episode,
     accepted,
@@ -61,7 +64,11 @@ class LoadedEnvironment:
             close()
 
 
-def load_environment(spec: dict[str, Any]) -> LoadedEnvironment:
+def load_environment(spec: EnvironmentSpec | dict[str, Any]) -> LoadedEnvironment:
+    """The run's environment, loaded and checked: its imports, constructor, tool schemas and
+    MCP server, before the first step."""
+    if isinstance(spec, BaseModel):
+        spec = spec.model_dump()
     limits = Limits.of(spec)
     closers: list[Callable[[], None]] = []
     kind = spec["type"]

@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from app.core.settings import Settings
+from app.runs.rewards import JudgeEndpoint
 from workers.llm.client import Endpoint
 
 
 def resolve_endpoint(
-    spec: dict[str, Any] | None, settings: Settings, *, purpose: str
+    spec: JudgeEndpoint | dict[str, Any] | None, settings: Settings, *, purpose: str
 ) -> tuple[Endpoint | None, str | None]:
     """The run's endpoint, else the workers' default judge; or None and why there is none.
 

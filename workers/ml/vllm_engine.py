@@ -12,19 +12,21 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from app.runs.grpo import GrpoSettings
+
 
 class EngineUnavailable(RuntimeError):
     pass
 
 
-def check_engine(grpo: dict[str, Any], model_name: str) -> None:
+def check_engine(grpo: GrpoSettings, model_name: str) -> None:
     """Fail before any step if the run's engine cannot work from this worker: vLLM is not
     installed where it runs in the training process (colocate) or syncs its weights over
     NCCL (TRL's server mode, which also needs GPUs); a vLLM server does not answer."""
-    engine = grpo.get("engine", "transformers")
+    engine = grpo.engine
     if engine == "transformers":
         return
-    if engine == "vllm-server" and grpo.get("lora"):
+    if engine == "vllm-server" and grpo.lora is not None:
         from workers.ml.vllm_server import check_servers
 
         check_servers(grpo, model_name)  # plain OpenAI servers: no vLLM needed here

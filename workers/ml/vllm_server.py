@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from app.runs.grpo import GrpoSettings
 from workers.context import AttemptEnded
 from workers.llm.client import AnswerRejected, ChatClient, Endpoint, LLMError
 
@@ -40,23 +41,13 @@ class ServerUnavailable(AttemptEnded):
     due_now = False
 
 
-def server_root(url: str) -> str:
-    """A server's base URL without the OpenAI API's ``/v1`` (TRL's client wants the root)."""
-    return url.rstrip("/").removesuffix("/v1")
-
-
-def server_urls(grpo: dict[str, Any]) -> list[str]:
-    value = grpo.get("vllm_server_url") or []
-    return [server_root(u) for u in ([value] if isinstance(value, str) else value)]
-
-
-def _client(url: str, grpo: dict[str, Any], concurrency: int) -> ChatClient:
+def _client(url: str, grpo: GrpoSettings, concurrency: int) -> ChatClient:
     return ChatClient(
         Endpoint(
             base_url=f"{url}/v1",
             model="",  # each request names its adapter
-            timeout_s=float(grpo.get("vllm_server_timeout_s", 120)),
-            max_retries=int(grpo.get("vllm_server_max_retries", 3)),
+            timeout_s=grpo.vllm_server_timeout_s,
+            max_retries=grpo.vllm_server_max_retries,
             max_concurrency=concurrency,
         )
     )
@@ -66,11 +57,11 @@ class WrongBaseModel(RuntimeError):
     """A server serves another model than the one the run's adapter is trained on."""
 
 
-def check_servers(grpo: dict[str, Any], model_name: str) -> None:
+def check_servers(grpo: GrpoSettings, model_name: str) -> None:
     """Before any step: every server answers ``GET /v1/models`` (else the attempt ends), and
     serves ``model_name``, the base the adapter is loaded onto (else the run fails: an
     adapter of another model would not load, or would generate nonsense)."""
-    for url in server_urls(grpo):
+    for url in grpo.server_urls:
         with _client(url, grpo, 1) as client:
             try:
                 listed = client.check()
@@ -87,13 +78,13 @@ def check_servers(grpo: dict[str, Any], model_name: str) -> None:
 class ServerRollouts:
     """TRL's ``rollout_func`` for a LoRA run on vLLM servers (see the module's docstring)."""
 
-    def __init__(self, run_id: str, grpo: dict[str, Any], adapters: Path, ranks: Any) -> None:
+    def __init__(self, run_id: str, grpo: GrpoSettings, adapters: Path, ranks: Any) -> None:
         self.run_id = run_id
         self.grpo = grpo
         self.adapters = adapters
         self.ranks = ranks
-        self.urls = server_urls(grpo)
-        concurrency = int(grpo["groups_per_step"])
+        self.urls = grpo.server_urls
+        concurrency = grpo.groups_per_step
         self.clients = [_client(url, grpo, concurrency) for url in self.urls]
         self.loaded: str | None = None  # the adapter the servers generate with now
         self._pool = concurrent.futures.ThreadPoolExecutor(
@@ -118,7 +109,7 @@ class ServerRollouts:
         synced = time.monotonic()
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
         groups = _runs_of(prompt_ids)
-        seed = int(self.grpo.get("seed", 0))  # a seed of its own for each group's request
+        seed = self.grpo.seed  # a seed of its own for each group's request
         calls = [
             self._pool.submit(
                 self._complete,
@@ -190,12 +181,12 @@ class ServerRollouts:
             "model": model,
             "prompt": prompt,
             "n": n,
-            "max_tokens": grpo["max_completion_length"],
-            "temperature": grpo["temperature"],
-            "top_p": grpo["top_p"],
-            "top_k": grpo.get("top_k") or -1,
-            "min_p": grpo.get("min_p") or 0.0,
-            "repetition_penalty": grpo["repetition_penalty"],
+            "max_tokens": grpo.max_completion_length,
+            "temperature": grpo.temperature,
+            "top_p": grpo.top_p,
+            "top_k": grpo.top_k or -1,
+            "min_p": grpo.min_p or 0.0,
+            "repetition_penalty": grpo.repetition_penalty,
             "seed": seed,
             "logprobs": 0,
             "return_token_ids": True,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from app.checkpoints import service as checkpoints
 from app.runs.models import Run
+from app.runs.spec import RunSpec
 from app.runs.state import transition
 from app.runs.status import RunStatus
 from workers.context import RunContext
@@ -20,39 +21,42 @@ from workers.environments import LoadedEnvironment
 from workers.ml.vllm_engine import check_engine
 from workers.pipeline import teacher
 from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare_inputs
+from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import build_plan
-from workers.pipeline.ranks import check_distributed, distributed_spec
+from workers.pipeline.ranks import check_distributed
 from workers.rewards import Scorer, make_scorer
 
 S = RunStatus
 
 
 async def run_pipeline(ctx: RunContext) -> None:
-    from workers.pipeline.training import check_model, check_trackers
+    from workers.pipeline.trackers import check_trackers
+    from workers.pipeline.training import check_model
 
     run = await ctx.load()
-    scorer = make_scorer(run.reward)
+    spec = RunSpec.of(run)  # the run's settings, typed, from here on
+    scorer = make_scorer(spec.reward)
     await asyncio.to_thread(scorer.check)  # judges are reached over the network
-    teaching = await teacher.for_run(ctx, run, scorer)  # None: not a teacher run
+    teaching = await teacher.for_run(ctx, spec, scorer)  # None: not a teacher run
     if teaching is not None:
         await asyncio.to_thread(teaching.check)  # the student, loaded or reached
     await asyncio.to_thread(
         check_model,
-        run.model_name,
-        tools=run.environment is not None,
-        sft=run.sft is not None,
+        spec.model_name,
+        tools=spec.environment is not None,
+        sft=spec.sft is not None,
     )
-    check_trackers(run.grpo.get("report_to") or [])
-    await asyncio.to_thread(check_engine, run.grpo, run.model_name)  # servers: over HTTP
-    check_distributed(distributed_spec(run.grpo))
+    check_trackers(spec.grpo.report_to)
+    await asyncio.to_thread(check_engine, spec.grpo, spec.model_name)  # servers: over HTTP
+    check_distributed(spec.grpo.distributed)
     environment = None
-    if run.environment is not None:
+    if spec.environment is not None:
         from workers.environments import load_environment
 
         # Imports, constructors, tool schemas, an MCP server: all before the first step.
-        environment = await asyncio.to_thread(load_environment, run.environment)
+        environment = await asyncio.to_thread(load_environment, spec.environment)
     try:
-        await _stages(ctx, run, scorer, environment, teaching)
+        await _stages(ctx, run, spec, scorer, environment, teaching)
     finally:
         if environment is not None:
             await asyncio.to_thread(environment.close)
@@ -61,11 +65,12 @@ async def run_pipeline(ctx: RunContext) -> None:
 async def _stages(
     ctx: RunContext,
     run: Run,
+    spec: RunSpec,
     scorer: Scorer,
     environment: LoadedEnvironment | None,
     teaching: teacher.Teaching | None = None,
 ) -> None:
-    from workers.pipeline.training import RunPaths, train
+    from workers.pipeline.training import train
 
     status = RunStatus(run.status)
     if status == S.PENDING and run.step == 0:
@@ -73,10 +78,13 @@ async def _stages(
         status = S.GENERATING
     if status == S.GENERATING:
         if not await count_inputs(ctx):
-            await generate(ctx, run)
-            run = await ctx.load()  # with its generated system prompt
+            await generate(ctx, spec)
+            spec = RunSpec.of(await ctx.load())  # with its generated system prompt
         counts = await prepare_inputs(
-            ctx, validation_fraction=run.grpo["validation_fraction"], seed=run.grpo["seed"]
+            ctx,
+            validation_fraction=spec.grpo.validation_fraction,
+            seed=spec.grpo.seed,
+            load_best_model_at_end=spec.grpo.load_best_model_at_end,
         )
         await ctx.event(
             "inputs",
@@ -86,7 +94,7 @@ async def _stages(
         if teaching is not None:
             await teaching.probe_inputs(ctx)  # the student's baselines and probes
 
-    paths = RunPaths(ctx.settings.artifacts / str(run.id))
+    paths = RunPaths(ctx.settings.artifacts / str(spec.id))
     start = None
     if run.parent_step is not None:  # a fork: from its parent's checkpoint
         from workers.pipeline.fork import parent_weights
@@ -102,8 +110,8 @@ async def _stages(
                     "model": start,
                 },
             )
-    if run.sft is not None:
-        start = str(await _warm_up(ctx, run, paths.root, environment))
+    if spec.sft is not None:
+        start = str(await _warm_up(ctx, spec, paths.root, environment))
 
     train_inputs = await load_inputs(ctx, "train")
     validation = await load_inputs(ctx, "validation")
@@ -111,15 +119,14 @@ async def _stages(
         # The teacher trains on its prompts; its guidance is scored by the student's answers.
         train_inputs = await teaching.lessons(ctx, train_inputs)
         validation = await teaching.lessons(ctx, validation)
-        teaching.use_guidance_length(run)
+        spec = teaching.with_guidance_length(spec)
         scorer = teaching.scorer()
-    grpo = run.grpo
     plan = build_plan(
         train_inputs,
-        groups_per_step=grpo["groups_per_step"],
-        num_epochs=run.num_epochs,
-        max_steps=run.max_steps,
-        seed=grpo["seed"],
+        groups_per_step=spec.grpo.groups_per_step,
+        num_epochs=spec.num_epochs,
+        max_steps=spec.max_steps,
+        seed=spec.grpo.seed,
     )
     async with ctx.runtime.session() as session:
         latest = await checkpoints.latest(session, ctx.run_id)
@@ -132,13 +139,13 @@ async def _stages(
             data={"path": latest.path, "step": latest.step},
         )
 
-    if distributed_spec(grpo)["num_processes"] > 1:
+    if spec.grpo.distributed.num_processes > 1:
         from workers.pipeline.ranks import train_on_ranks
 
-        final = await train_on_ranks(ctx, run, plan, validation, paths, resume, start)
+        final = await train_on_ranks(ctx, spec, plan, validation, paths, resume, start)
     else:
         final = await asyncio.to_thread(
-            train, ctx, run, plan, validation, scorer, paths, resume, environment, start
+            train, ctx, spec, plan, validation, scorer, paths, resume, environment, start
         )
 
     run = await ctx.load()
@@ -158,12 +165,13 @@ async def _stages(
 
 
 async def _warm_up(
-    ctx: RunContext, run: Run, root: Path, environment: LoadedEnvironment | None
+    ctx: RunContext, spec: RunSpec, root: Path, environment: LoadedEnvironment | None
 ) -> Path:
     """The SFT warm-up's model: trained now (or resumed) while the run is ``warming_up``;
     found on disk when a later stage of the run is resumed."""
     from workers.pipeline import sft
 
+    assert spec.sft is not None
     if await asyncio.to_thread(sft.done, root):
         return sft.model_dir(root)
     status = RunStatus((await ctx.load()).status)
@@ -172,17 +180,16 @@ async def _warm_up(
             f"the run is {status.value} but its SFT warm-up model is gone from "
             f"{sft.model_dir(root)}: the artifacts folder must outlive the run's workers"
         )
-    chats = await sft.examples(ctx, run)
-    spec = run.sft or {}
+    chats = await sft.examples(ctx, spec)
     if status == S.GENERATING:
         await ctx.move(
             S.WARMING_UP,
             expected=S.GENERATING,
-            message=f"SFT warm-up: {len(chats)} examples, {spec.get('epochs', 1)} epoch(s)",
+            message=f"SFT warm-up: {len(chats)} examples, {spec.sft.epochs} epoch(s)",
             data={"examples": len(chats)},
         )
     factory = environment.factory if environment is not None else None
-    model = await asyncio.to_thread(sft.warm_up, ctx, run, root, chats, factory)
+    model = await asyncio.to_thread(sft.warm_up, ctx, spec, root, chats, factory)
     await ctx.event(
         "sft", f"SFT warm-up done; GRPO starts from {model}", data={"model": str(model)}
     )

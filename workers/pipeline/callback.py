@@ -25,10 +25,12 @@ from app.metrics import service as metrics
 from app.observability import prometheus
 from app.runs import step_moves
 from app.runs.models import Run
+from app.runs.spec import RunSpec
 from app.runs.status import RunStatus
 from workers.context import RunContext
+from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import InputBatch
-from workers.pipeline.training import RunPaths, StepBridge, StepStats
+from workers.pipeline.steps import StepBridge, StepStats
 
 S = RunStatus
 
@@ -39,22 +41,22 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
     def __init__(
         self,
         ctx: RunContext,
-        run: Run,
+        spec: RunSpec,
         bridge: StepBridge,
         paths: RunPaths,
         plan: list[InputBatch],
     ) -> None:
         self.ctx = ctx
-        self.run = run
+        self.spec = spec
         self.bridge = bridge
         self.ranks = bridge.ranks  # rank 0 alone writes; stops are its decision
         self.paths = paths
         self.plan = plan
         # How many resumable checkpoints to keep (None: all of them).
-        self.keep: int | None = run.grpo.get("save_total_limit")
+        self.keep: int | None = spec.grpo.save_total_limit
         self.pausing = False
         self.logged: set[int] = set()
-        previous = self.run.metrics or {}
+        previous = ctx.runtime.run(_summary(ctx))  # what earlier attempts recorded
         self.first_reward: float | None = previous.get("reward_first")
         # Evaluation on the validation inputs: base model (step 0), then every eval_steps.
         self.evaluation: dict[str, Any] = {
@@ -107,7 +109,7 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         if self.first_reward is None and "reward_mean" in values:
             self.first_reward = values["reward_mean"]
         batch = self.plan[step - 1]
-        rollouts = len(batch.items) * self.run.rollouts_per_group
+        rollouts = len(batch.items) * self.spec.rollouts_per_group
         prometheus.observe_step(seconds, rollouts, stats.completion_tokens)
         summary = {
             "step": step,
@@ -244,3 +246,10 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
         # Folders go only after the commit that forgot them.
         for folder in doomed:
             await asyncio.to_thread(shutil.rmtree, folder, True)
+
+
+async def _summary(ctx: RunContext) -> dict[str, Any]:
+    """The run's summary as stored now (its metrics column)."""
+    async with ctx.runtime.session() as session:
+        row = await session.get(Run, ctx.run_id)
+        return dict(row.metrics or {}) if row is not None else {}

@@ -16,6 +16,7 @@ from sqlmodel import col
 from app.events import service as events
 from app.inputs.models import TaskInput
 from app.runs.models import Run
+from app.runs.spec import RunSpec
 from workers.context import RunContext
 from workers.pipeline.plan import PlannedInput
 
@@ -32,22 +33,22 @@ async def count_inputs(ctx: RunContext) -> int:
         )
 
 
-async def generate(ctx: RunContext, run: Run) -> None:
+async def generate(ctx: RunContext, spec: RunSpec) -> None:
     """Have the run's generator LLM write ``num_examples`` inputs (and a system prompt if the
     run has none), then store them with the prompt in one fenced transaction."""
     from workers.generation import generate_inputs
     from workers.llm.endpoints import resolve_endpoint
 
-    endpoint, why = resolve_endpoint(run.generator, ctx.settings, purpose="Input generation")
+    endpoint, why = resolve_endpoint(spec.generator, ctx.settings, purpose="Input generation")
     if endpoint is None:
         raise InputsUnavailable(f"the run has no inputs or dataset_id, and {why}")
     result = await asyncio.to_thread(
         generate_inputs,
         endpoint,
-        run.task_description,
-        run.num_examples,
-        need_system_prompt=run.system_prompt is None,
-        seed=run.grpo["seed"],
+        spec.task_description,
+        spec.num_examples,
+        need_system_prompt=spec.system_prompt is None,
+        seed=spec.grpo.seed,
     )
     async with ctx.session() as session:
         await session.execute(
@@ -85,7 +86,7 @@ async def generate(ctx: RunContext, run: Run) -> None:
 
 
 async def prepare_inputs(
-    ctx: RunContext, *, validation_fraction: float, seed: int
+    ctx: RunContext, *, validation_fraction: float, seed: int, load_best_model_at_end: bool = True
 ) -> dict[str, int]:
     """Make sure the run has train inputs, and hold a seeded share out for evaluation when
     the user marked none as validation. Returns the count per split."""
@@ -112,9 +113,7 @@ async def prepare_inputs(
         elif validation_fraction > 0 and not n_validation:
             run = await session.get(Run, ctx.run_id)
             assert run is not None
-            warning = no_validation_warning(
-                len(train), validation_fraction, bool(run.grpo.get("load_best_model_at_end"))
-            )
+            warning = no_validation_warning(len(train), validation_fraction, load_best_model_at_end)
             # Said where the split is decided, in its transaction: in the events, and in the
             # summary that GET /runs/{id} shows.
             run.metrics = {**(run.metrics or {}), VALIDATION_WARNING: warning}

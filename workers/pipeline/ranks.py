@@ -36,24 +36,20 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from app.core.settings import Settings
 from app.runs import leases
 from app.runs.grpo import DistributedSettings
-from app.runs.models import Run
+from app.runs.spec import RunSpec
 from app.runs.state import Fence, LeaseLost
-from app.runs.status import RunStatus
 from workers.context import SHUTTING_DOWN, AttemptEnded, HandOver, RunContext, StopRequested
+from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import InputBatch, PlannedInput
+from workers.pipeline.world import FollowedRankZero, raise_stop
 from workers.runtime import Runtime
 
-if TYPE_CHECKING:
-    from workers.pipeline.training import RunPaths
-
 log = logging.getLogger(__name__)
-T = TypeVar("T")
-
 ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
 
 
@@ -64,123 +60,6 @@ class RankDied(AttemptEnded):
 
 class RankFailed(RuntimeError):
     """A rank raised: the run fails with its error, as a one-process training would."""
-
-
-class FollowedRankZero(RuntimeError):
-    """A rank other than 0 stopping because rank 0 raised (its outcome is rank 0's)."""
-
-
-# -- inside the training: the ranks as the trainer's hooks see them ------------------------
-_STOPS: dict[str, type[BaseException]] = {"lost": LeaseLost, "handover": HandOver}
-
-
-def _stop_code(exc: BaseException) -> str | None:
-    """A stop as a word every rank can be sent (None: not a stop, an error)."""
-    if isinstance(exc, LeaseLost):
-        return "lost"
-    if isinstance(exc, StopRequested):
-        return exc.status.value
-    if isinstance(exc, HandOver):
-        return "handover"
-    return None
-
-
-def _check_code(ctx: RunContext, *, pause_ok: bool) -> str | None:
-    """What ``ctx.check(pause_ok=...)`` would raise, as a word."""
-    try:
-        ctx.check(pause_ok=pause_ok)
-    except (LeaseLost, StopRequested, HandOver) as exc:
-        return _stop_code(exc)
-    return None
-
-
-def _raise_stop(code: str | None, ctx: RunContext) -> None:
-    if code is None:
-        return
-    if code in _STOPS:
-        raise _STOPS[code](ctx.run_id if code == "lost" else str(ctx.run_id))
-    raise StopRequested(RunStatus(code))
-
-
-class Ranks:
-    """The processes training a run: the worker alone, or the N ranks ``accelerate launch``
-    started (their rank and number from the launcher's ``RANK`` and ``WORLD_SIZE``; the
-    collectives through accelerate, whose process group the trainer set up)."""
-
-    def __init__(self) -> None:
-        self.rank = int(os.environ.get("RANK", "0"))
-        self.world = int(os.environ.get("WORLD_SIZE", "1"))
-
-    @property
-    def writer(self) -> bool:
-        """Rank 0: the one that scores, writes to the database and promotes checkpoints."""
-        return self.rank == 0
-
-    def gather(self, items: list[T]) -> list[T]:
-        """Every rank's ``items``, in rank order (the global batch's order), on every rank."""
-        if self.world == 1:
-            return items
-        from accelerate.utils import gather_object
-
-        return list(gather_object(items))
-
-    def share(self, value: T | None) -> T:
-        """Rank 0's ``value``, on every rank."""
-        if self.world == 1:
-            return value  # type: ignore[return-value]
-        from accelerate.utils import broadcast_object_list
-
-        return broadcast_object_list([value], from_process=0)[0]  # type: ignore[no-any-return]
-
-    def wait(self) -> None:
-        """Until every rank gets here (its part of a checkpoint written, say)."""
-        if self.world > 1:
-            from accelerate import PartialState
-
-            PartialState().wait_for_everyone()
-
-    def check(self, ctx: RunContext, *, pause_ok: bool = True) -> None:
-        """``ctx.check``, decided by rank 0 for all: every rank raises the same, here."""
-        if self.world == 1:
-            ctx.check(pause_ok=pause_ok)
-            return
-        _raise_stop(self.share(_check_code(ctx, pause_ok=pause_ok) if self.writer else None), ctx)
-
-    def stops_at_step_end(self, ctx: RunContext) -> bool:
-        return self.share(ctx.stops_at_step_end if self.writer else None) is True
-
-    def stop_at_step_end(self, ctx: RunContext) -> None:
-        """``ctx.stop_at_step_end``, decided by rank 0 for all."""
-        if self.world == 1:
-            ctx.stop_at_step_end()
-            return
-        code = None
-        if self.writer:
-            try:
-                ctx.stop_at_step_end()
-            except (StopRequested, HandOver) as exc:
-                code = _stop_code(exc)
-        _raise_stop(self.share(code), ctx)
-
-    def on_rank_zero(self, work: Any) -> Any:
-        """``work()`` on rank 0, its result (or that it raised) shared with every rank: a
-        rank 0 that raises takes the others down with it at once, not at a timeout."""
-        if self.world == 1:
-            return work()
-        result, failed = None, None
-        if self.writer:
-            try:
-                result = work()
-            except BaseException as exc:
-                failed = _stop_code(exc) or "error"
-                self.share((None, failed))
-                raise
-        result, failed = self.share((result, failed))
-        if failed == "error":
-            raise FollowedRankZero("rank 0 raised; see its outcome")
-        if failed is not None:
-            raise FollowedRankZero(failed)
-        return result
 
 
 # -- the worker's side ------------------------------------------------------------------
@@ -230,17 +109,11 @@ class DistributedUnavailable(RuntimeError):
     pass
 
 
-def distributed_spec(grpo: dict[str, Any]) -> dict[str, Any]:
-    """The run's ``grpo.distributed``, defaults filled in (runs stored before it existed
-    have none)."""
-    return {**DistributedSettings().model_dump(), **(grpo.get("distributed") or {})}
-
-
-def check_distributed(spec: dict[str, Any]) -> None:
+def check_distributed(spec: DistributedSettings) -> None:
     """Fail before any step if this worker cannot launch the run's ranks: its accelerate
     config is missing, DeepSpeed is not installed or has no GPUs, or it has fewer GPUs than
     ranks. (Without GPUs, any number of CPU ranks run on gloo.)"""
-    ranks, name = spec["num_processes"], spec["accelerate_config"]
+    ranks, name = spec.num_processes, spec.accelerate_config
     if ranks == 1:
         return
     import importlib.util
@@ -270,31 +143,33 @@ def check_distributed(spec: dict[str, Any]) -> None:
 
 async def train_on_ranks(
     ctx: RunContext,
-    run: Run,
+    spec: RunSpec,
     plan: list[InputBatch],
     validation: list[PlannedInput],
     paths: RunPaths,
     resume_from: Path | None,
     model: str | None,
 ) -> Path:
-    """Train ``run`` in its ranks; returns the final model's folder, or raises what a
+    """Train the run in its ranks; returns the final model's folder, or raises what a
     one-process training would have (a stop, a handover, a lost lease, the error), or
     :class:`RankDied`."""
-    spec = distributed_spec(run.grpo)
+    distributed = spec.grpo.distributed
     folder = paths.root / "ranks"
     await asyncio.to_thread(_fresh_folder, folder, paths.staging)
     job = folder / "job.pkl"
     payload = Job(
-        ctx.settings, run.id, ctx.fence, os.getpid(), plan, validation, resume_from, model
+        ctx.settings, spec.id, ctx.fence, os.getpid(), plan, validation, resume_from, model
     )
     await asyncio.to_thread(_write_private, job, pickle.dumps(payload))
     command = launch_command(
         job,
-        num_processes=spec["num_processes"],
-        config=spec["accelerate_config"],
+        num_processes=distributed.num_processes,
+        config=distributed.accelerate_config,
         port=_free_port(),
     )
-    log.info("run %s: launching %d ranks: %s", run.id, spec["num_processes"], " ".join(command))
+    log.info(
+        "run %s: launching %d ranks: %s", spec.id, distributed.num_processes, " ".join(command)
+    )
     # A session of its own: a signal to the worker's process group (a deploy's SIGTERM)
     # reaches the worker, which hands the run over at a step boundary, not the ranks.
     process = await asyncio.create_subprocess_exec(*command, start_new_session=True)
@@ -316,7 +191,9 @@ async def train_on_ranks(
         if process.returncode is None:  # the worker's task itself was cancelled
             _kill(process.pid)
             await process.wait()
-    return await asyncio.to_thread(outcome, folder, spec["num_processes"], process.returncode, ctx)
+    return await asyncio.to_thread(
+        outcome, folder, distributed.num_processes, process.returncode, ctx
+    )
 
 
 def _fresh_folder(folder: Path, staging: Path) -> None:
@@ -360,7 +237,7 @@ def outcome(folder: Path, world: int, returncode: int | None, ctx: RunContext) -
     if kind == "completed":
         return Path(zero["final"])
     if kind in _CLEAN:
-        _raise_stop(kind, ctx)
+        raise_stop(kind, ctx)
     silent = [rank for rank in range(world) if rank not in said]
     if silent:
         raise RankDied(
@@ -483,16 +360,16 @@ def _exit_when_stuck(ctx: RankContext, path: Path) -> None:
 
 
 def _train(ctx: RankContext, job: Job) -> Path:
-    from workers.pipeline.training import RunPaths, train
+    from workers.pipeline.training import train
     from workers.rewards import make_scorer
 
-    run = ctx.runtime.run(ctx.load())
+    spec = RunSpec.of(ctx.runtime.run(ctx.load()))
     return train(
         ctx,
-        run,
+        spec,
         job.plan,
         job.validation,
-        make_scorer(run.reward),
+        make_scorer(spec.reward),
         RunPaths(job.settings.artifacts / str(job.run_id)),
         job.resume_from,
         None,

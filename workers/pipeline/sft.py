@@ -27,9 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from app.events import service as events
-from app.metrics import service as metrics
-from app.runs.models import Run
+from app.runs.spec import RunSpec
 from app.training_data.library import get_training_trajectories_async
 from workers.context import RunContext
 
@@ -48,21 +46,22 @@ def done(root: Path) -> bool:
     return (model_dir(root) / "config.json").is_file()
 
 
-async def examples(ctx: RunContext, run: Run) -> list[list[dict[str, Any]]]:
+async def examples(ctx: RunContext, spec: RunSpec) -> list[list[dict[str, Any]]]:
     """The demonstrations: inline, or the trajectories the query selects in the run's
     project (each one's whole conversation)."""
-    spec = run.sft or {}
-    if spec.get("examples"):
-        return [e["messages"] for e in spec["examples"]]
-    query = spec["query"]
+    assert spec.sft is not None
+    if spec.sft.examples:
+        return [e.model_dump()["messages"] for e in spec.sft.examples]
+    query = spec.sft.query
+    assert query is not None  # the API checked: examples or a query
     async with ctx.runtime.pg() as conn:
         found = await get_training_trajectories_async(
             conn,
-            projects=[str(run.project_id)],
-            learning_key=query.get("learning_key"),
-            run_ids=query.get("run_ids"),
-            min_reward=query.get("min_reward"),
-            limit=query.get("limit", 1000),
+            projects=[str(spec.project_id)],
+            learning_key=query.learning_key,
+            run_ids=[str(r) for r in query.run_ids] if query.run_ids else None,
+            min_reward=query.min_reward,
+            limit=query.limit,
             include_metadata=False,
         )
     chats = [
@@ -73,7 +72,7 @@ async def examples(ctx: RunContext, run: Run) -> list[list[dict[str, Any]]]:
     if not chats:
         raise SftUnavailable(
             "the sft query selects no trajectory with an assistant message in this project "
-            f"({json.dumps(query, default=str)})"
+            f"({query.model_dump_json(exclude_none=True)})"
         )
     return chats
 
@@ -152,7 +151,7 @@ def _arguments(value: Any) -> Any:
 
 def warm_up(
     ctx: RunContext,
-    run: Run,
+    spec: RunSpec,
     root: Path,
     chats: list[list[dict[str, Any]]],
     factory: type | None,
@@ -163,39 +162,41 @@ def warm_up(
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    from workers.pipeline.training import tracker_callbacks, tracker_name
+    from workers.pipeline.hooks import SftCallback
+    from workers.pipeline.trackers import tracker_callbacks
 
-    spec = run.sft or {}
+    sft, grpo = spec.sft, spec.grpo
+    assert sft is not None
     staging = root / "sft" / "staging"
     staging.mkdir(parents=True, exist_ok=True)
-    tokenizer = AutoTokenizer.from_pretrained(run.model_name)
+    tokenizer = AutoTokenizer.from_pretrained(spec.model_name)
     dataset = Dataset.from_list(_tokenize(tokenizer, chats, tool_schemas(factory)))
     cuda = torch.cuda.is_available()
     config = SFTConfig(
         output_dir=str(staging),
-        num_train_epochs=spec.get("epochs", 1),
-        learning_rate=spec.get("learning_rate", 2e-5),
-        per_device_train_batch_size=spec.get("batch_size", 4),
-        max_length=spec.get("max_seq_length", 1024),
-        packing=spec.get("packing", False),
-        seed=run.grpo["seed"],
+        num_train_epochs=sft.epochs,
+        learning_rate=sft.learning_rate,
+        per_device_train_batch_size=sft.batch_size,
+        max_length=sft.max_seq_length,
+        packing=sft.packing,
+        seed=grpo.seed,
         logging_steps=1,
         save_strategy="epoch",
         save_total_limit=2,
         report_to=[],  # trackers are attached as callbacks: tracker_callbacks
-        run_name=f"{tracker_name(run)}-sft",
+        run_name=f"{spec.name}-sft",
         disable_tqdm=True,
-        bf16=run.grpo["bf16"] and cuda,
-        fp16=run.grpo["fp16"] and cuda,
-        gradient_checkpointing=run.grpo["gradient_checkpointing"],
+        bf16=grpo.bf16 and cuda,
+        fp16=grpo.fp16 and cuda,
+        gradient_checkpointing=grpo.gradient_checkpointing,
         use_cpu=not cuda,
     )
     trainer = SFTTrainer(
-        model=run.model_name,
+        model=spec.model_name,
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[_callback(ctx), *tracker_callbacks(run, root, "sft")],
+        callbacks=[SftCallback(ctx), *tracker_callbacks(spec, root, "sft")],
     )
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
 
@@ -239,51 +240,3 @@ def last_complete_checkpoint(staging: Path) -> str | None:
             continue
         return str(path)
     return None
-
-
-def _callback(ctx: RunContext) -> Any:
-    from transformers import TrainerCallback
-
-    class SftCallback(TrainerCallback):  # type: ignore[misc]
-        """Stores the loss curve; honours cancel, and pause after a checkpoint."""
-
-        pausing = False
-
-        def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            ctx.check(pause_ok=False)
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if ctx.stops_at_step_end and state.global_step < state.max_steps:
-                self.pausing = True
-                control.should_save = True
-
-        def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
-            if self.pausing:
-                ctx.stop_at_step_end()
-
-        def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
-            if not logs or "loss" not in logs:
-                return
-            values = {
-                f"sft/{name}": float(value)
-                for name, value in logs.items()
-                if isinstance(value, int | float) and name != "epoch"
-            }
-            step = state.global_step
-            ctx.runtime.run(_record(ctx, step, values))
-
-    return SftCallback()
-
-
-async def _record(ctx: RunContext, step: int, values: dict[str, float]) -> None:
-    """The warm-up's loss at ``step``, with the event every metrics write comes with."""
-    async with ctx.session() as session:  # the lease renewal locks the run's row
-        await metrics.record(session, ctx.run_id, step, values)
-        loss = values.get("sft/loss")
-        await events.append(
-            session,
-            ctx.run_id,
-            "sft_step",
-            f"warm-up step {step}" + ("" if loss is None else f": loss {loss:.4f}"),
-            data={"step": step, **values},
-        )

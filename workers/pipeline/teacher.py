@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from sqlalchemy import text as sql
 
-from app.runs.models import Run
+from app.runs.spec import RunSpec
 from app.runs.teacher import GUIDANCE_FORMS, TeacherSettings, guidance_form
 from workers.context import RunContext
 from workers.pipeline.plan import PlannedInput
@@ -215,7 +215,6 @@ class EndpointStudent:
 
 # -- the run -----------------------------------------------------------------------------------
 
-_SETTINGS = "SELECT teacher FROM runs WHERE id = $1"
 _MISSING = """
 SELECT id, input_text, context FROM task_inputs
  WHERE run_id = $1 AND teacher IS NULL ORDER BY index
@@ -238,8 +237,8 @@ def _messages(system: str | None, text: str) -> Messages:
 class Teaching:
     """A teacher run's student, settings and scorer, for one attempt of the run."""
 
-    def __init__(self, run: Run, settings: TeacherSettings, base: Scorer) -> None:
-        self.run = run
+    def __init__(self, spec: RunSpec, settings: TeacherSettings, base: Scorer) -> None:
+        self.spec = spec
         self.settings = settings
         self.base = base
         self.student: Student = (
@@ -260,12 +259,13 @@ class Teaching:
 
     @property
     def guidance_tokens(self) -> int:
-        return self.settings.guidance_max_tokens or int(self.run.grpo["max_completion_length"])
+        return self.settings.guidance_max_tokens or self.spec.grpo.max_completion_length
 
-    def use_guidance_length(self, run: Run) -> None:
-        """TRL generates the guidance: its max_completion_length is the guidance's limit. (The
-        run object is the worker's detached copy: nothing is written back.)"""
-        run.grpo = {**run.grpo, "max_completion_length": self.guidance_tokens}
+    def with_guidance_length(self, spec: RunSpec) -> RunSpec:
+        """``spec`` as TRL must train it: TRL generates the guidance, so its
+        max_completion_length is the guidance's limit. (Nothing is written back.)"""
+        grpo = spec.grpo.model_copy(update={"max_completion_length": self.guidance_tokens})
+        return spec.model_copy(update={"grpo": grpo})
 
     def student_prompt(self, template: str, **names: Any) -> Messages:
         return _messages(self.settings.student_system_prompt, template.format(**names))
@@ -385,26 +385,16 @@ def _context(value: Any) -> Any:
     return json.loads(value) if isinstance(value, str) else value
 
 
-async def for_run(ctx: RunContext, run: Run, base: Scorer) -> Teaching | None:
-    """The run's teaching, or None when it is not a teacher run. The settings are read
-    from the run's ``teacher`` column and validated again (a clear error if a row written
-    around the API holds what the API refuses)."""
-    from pydantic import ValidationError
-
-    async with ctx.runtime.pg() as conn:
-        raw = _context(await conn.fetchval(_SETTINGS, ctx.run_id))
-    if raw is None:
+async def for_run(ctx: RunContext, spec: RunSpec, base: Scorer) -> Teaching | None:
+    """The run's teaching, or None when it is not a teacher run."""
+    if spec.teacher is None:
         return None
-    if run.environment is not None:
+    if spec.environment is not None:
         raise TeacherRunError(
             "a teacher run cannot have an environment yet: the teacher's guidance is one "
             "completion, not an episode"
         )
-    try:
-        settings = TeacherSettings.model_validate(raw)
-    except ValidationError as exc:
-        raise TeacherRunError(f"the run's teacher settings are invalid: {exc}") from exc
-    return Teaching(run, settings, base)
+    return Teaching(spec, spec.teacher, base)
 
 
 # -- the scorer ------------------------------------------------------------------------------
@@ -426,7 +416,7 @@ class TeachingScorer:
         self.completion_tokens: list[int] | None = None
         from transformers import AutoTokenizer
 
-        self._tokenizer = AutoTokenizer.from_pretrained(teaching.run.model_name)
+        self._tokenizer = AutoTokenizer.from_pretrained(teaching.spec.model_name)
 
     def check(self) -> None:
         self.base.check()

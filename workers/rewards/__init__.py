@@ -9,14 +9,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel
+
+from app.runs.rewards import RewardSpec
 from workers.rewards.base import Group, Rollout, Score, Scorer
 
 
-def make_scorer(spec: dict[str, Any]) -> Scorer:
-    """The scorer for a run's ``reward`` spec (the model_dump of app.runs.rewards' union).
+def make_scorer(spec: RewardSpec | dict[str, Any]) -> Scorer:
+    """The scorer for a run's ``reward`` spec (app.runs.rewards' union, or its model_dump).
 
     Imports lazily, so a worker only loads what its runs use.
     """
+    if isinstance(spec, BaseModel):
+        spec = spec.model_dump()
     kind = spec.get("type")
     if kind == "function":
         from workers.rewards.functions import FunctionScorer

@@ -48,7 +48,8 @@ void [rateLimitedHeaders, unavailable, streamText, exportText];
 // An answer's run types reward, grpo and generator as precisely as the request does.
 function settingsOf(run: RunPublic): { beta: number; rewardType: "ruler" | "rim" | "function" } {
   const beta: number = run.grpo.beta; // required in an answer: always there
-  const judge: string | undefined = run.generator?.model;
+  // A judge named from the catalog (endpoint) has no model of its own in the run.
+  const judge: string | null | undefined = run.generator?.model;
   void judge;
   return { beta, rewardType: run.reward.type };
 }

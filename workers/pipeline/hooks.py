@@ -1,0 +1,143 @@
+"""Trainyard's subclasses of transformers' and TRL's extension points: a W&B callback per
+training stage, a stopping criterion that ends a generation when the run is cancelled, the
+SFT warm-up's callback, and the GRPO trainer of agent runs.
+
+transformers and TRL are imported here at the top, so this module is imported only inside
+the functions that train (the worker's API-side code, and the API, never load it).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList, TrainerCallback
+from transformers.integrations import WandbCallback
+from trl import GRPOTrainer
+
+from app.events import service as events
+from app.metrics import service as metrics
+from workers.context import RunContext
+
+log = logging.getLogger(__name__)
+
+
+class StageWandb(WandbCallback):  # type: ignore[misc]
+    """transformers' W&B logging into a run opened with this stage's project, name and folder
+    (the mode is the worker's WANDB_MODE), grouped by the Trainyard run, and finished when
+    training ends: transformers would leave it open for the next stage to log into."""
+
+    def __init__(self, *, project: str, name: str, run_id: str, stage: str, folder: Path) -> None:
+        super().__init__()
+        self.project, self.name, self.run_id = project, name, run_id
+        self.stage, self.folder = stage, folder
+
+    def setup(self, args: Any, state: Any, model: Any, **kwargs: Any) -> None:
+        if state.is_world_process_zero:
+            if self._wandb.run is not None:  # left open by a stage that raised
+                self._wandb.finish()
+            self._wandb.init(
+                project=self.project,
+                name=self.name,
+                group=self.run_id,  # its stages and resumed attempts together
+                dir=str(self.folder),
+                config={"trainyard_run_id": self.run_id, "trainyard_stage": self.stage},
+            )
+        super().setup(args, state, model, **kwargs)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        super().on_train_end(args, state, control, **kwargs)
+        if self._wandb.run is not None:
+            self._wandb.finish()
+
+
+class StopWhenCancelled(StoppingCriteria):  # type: ignore[misc]
+    """Ends every sequence of a generation at the next token once the run is cancelled or its
+    lease lost (the heartbeat sets the flag this reads)."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.said = False
+
+    def __call__(self, input_ids: Any, scores: Any, **_: Any) -> Any:
+        stop = self.ctx.cancelled
+        if stop and not self.said:
+            self.said = True
+            log.info("run %s: cancelled mid-generation; generation stops", self.ctx.run_id)
+        return torch.full((input_ids.shape[0],), stop, dtype=torch.bool, device=input_ids.device)
+
+
+def stop_generating_when_cancelled(model: Any, ctx: RunContext) -> None:
+    """End a generation in progress at the next token once the run is cancelled (or its
+    lease lost): a long generation would otherwise hold a cancel for as long as it lasts.
+    The criterion is handed to every ``generate`` call of this model. (vLLM generates a
+    step's batch at once; a cancel waits for it.)"""
+    generate = model.generate
+    criterion = StopWhenCancelled(ctx)
+
+    def generate_until_cancelled(*args: Any, **kwargs: Any) -> Any:
+        criteria = StoppingCriteriaList(kwargs.pop("stopping_criteria", None) or [])
+        criteria.append(criterion)
+        return generate(*args, stopping_criteria=criteria, **kwargs)
+
+    model.generate = generate_until_cancelled
+
+
+class SftCallback(TrainerCallback):  # type: ignore[misc]
+    """The SFT warm-up's callback: stores the loss curve; honours cancel, and pause after a
+    checkpoint."""
+
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+        self.pausing = False
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        self.ctx.check(pause_ok=False)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.ctx.stops_at_step_end and state.global_step < state.max_steps:
+            self.pausing = True
+            control.should_save = True
+
+    def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        if self.pausing:
+            self.ctx.stop_at_step_end()
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **_: Any) -> None:
+        if not logs or "loss" not in logs:
+            return
+        values = {
+            f"sft/{name}": float(value)
+            for name, value in logs.items()
+            if isinstance(value, int | float) and name != "epoch"
+        }
+        self.ctx.runtime.run(_record_sft_step(self.ctx, state.global_step, values))
+
+
+async def _record_sft_step(ctx: RunContext, step: int, values: dict[str, float]) -> None:
+    """The warm-up's loss at ``step``, with the event every metrics write comes with."""
+    async with ctx.session() as session:  # the lease renewal locks the run's row
+        await metrics.record(session, ctx.run_id, step, values)
+        loss = values.get("sft/loss")
+        await events.append(
+            session,
+            ctx.run_id,
+            "sft_step",
+            f"warm-up step {step}" + ("" if loss is None else f": loss {loss:.4f}"),
+            data={"step": step, **values},
+        )
+
+
+class AgentTrainer(GRPOTrainer):  # type: ignore[misc]
+    """TRL's GRPOTrainer, unchanged, keeping the tool mask of its last generation so each
+    stored episode can say how many of its tokens were trained on and how many (the tool
+    results) were masked out of the loss."""
+
+    last_tool_mask: list[list[int]] | None = None
+
+    def _generate(self, prompts: list[Any]) -> Any:
+        out = super()._generate(prompts)
+        self.last_tool_mask = out[2]  # (prompt_ids, completion_ids, tool_mask, ...)
+        return out
