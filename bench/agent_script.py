@@ -6,7 +6,7 @@ The same training a Trainyard run of configs/runs/agent-calculator.yaml does —
 SFTTrainer on the run's demonstrations, then TRL's GRPOTrainer with an
 ``environment_factory`` offering the calculator's four tools, rewarded 1 for the right
 final answer — with the same SFT and GRPOConfig values the worker maps the run onto
-(workers/pipeline/sft.py, ``GrpoSettings.trl_arguments`` in app/runs/grpo.py), and none of
+(workers/pipeline/sft.py, ``GrpoSettings.trl_arguments`` in app/runs/spec/grpo.py), and none of
 the service around it: no database, no lease, no statuses, no guarded tool calls, nothing
 persisted but TRL's own checkpoints, the warm-up's model and the final model.
 

@@ -20,7 +20,7 @@ Server time is the sum and the slowest of the API's own access-log durations
 (``duration_ms``) for the requests that render needed (run, metrics, checkpoints, inputs).
 
 Commit to chart: with the page open, each step is committed exactly as the worker commits
-it (``app.runs.step_moves.step_finished`` under the run's lease: its metrics, summary and
+it (``app.runs.lifecycle.step_moves.step_finished`` under the run's lease: its metrics, summary and
 ``step`` event in one statement), after putting the run back in ``training`` as the
 trainer would. The latency is from just after the commit returns to the page's
 ``trainyard:step-drawn:<step>`` mark (the chart's setData done), both on this machine's
@@ -63,8 +63,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from app.core.pg import connect_kwargs, init_connection
-from app.runs import step_moves
-from app.runs.state import Fence
+from app.runs.lifecycle import step_moves
+from app.runs.lifecycle.state import Fence
 
 MARK_START = "<!-- dashboard:start -->"
 MARK_END = "<!-- dashboard:end -->"

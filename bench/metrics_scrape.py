@@ -82,7 +82,7 @@ def populate_api(prometheus: Any, templates: list[tuple[str, str]], statuses: in
 
 def populate_worker(prometheus: Any) -> None:
     """What one worker process has recorded: every worker metric with all its labels."""
-    from app.runs.status import RunStatus
+    from app.runs.lifecycle.status import RunStatus
 
     for i, status in enumerate(RunStatus):
         prometheus.RUNS.labels(status.value).set(i)

@@ -110,7 +110,7 @@ def run_body(
 
 def resolved(body: dict[str, Any]) -> dict[str, Any]:
     """The run as the API stores it (every default filled in)."""
-    from app.runs.schemas import RunCreate
+    from app.runs.spec.body import RunCreate
 
     return RunCreate.model_validate(body).model_dump(mode="json")
 

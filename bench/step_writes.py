@@ -50,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     from sqlalchemy import text
 
     from app.core.settings import Settings
-    from app.runs.spec import RunSpec
-    from app.runs.state import Fence
+    from app.runs.lifecycle.state import Fence
+    from app.runs.spec.parsed import RunSpec
     from workers.context import RunContext
     from workers.pipeline.callback import RunCallback
     from workers.pipeline.paths import RunPaths

@@ -11,7 +11,8 @@ Three parts, each measured with the worker's own code, and summed:
 (b) the episode's bookkeeping: ``workers.pipeline.episodes.build`` of an episode with
     ``--tool-calls`` calls, divided by its tool messages (all of the build is charged to the
     calls, a bound from above);
-(c) storing it: a step's rollouts written through ``app.runs.step_moves.rollouts_collected``
+(c) storing it: a step's rollouts written through
+    ``app.runs.lifecycle.step_moves.rollouts_collected``
     (scored, as the worker writes them with reward functions) whose episodes carry
     ``--tool-calls`` calls each, against the same rollouts with none, on a run this process
     holds the lease on; the difference divided by the step's tool calls.
@@ -123,7 +124,7 @@ def guarded_call(calls: int, episode_calls: int) -> dict[str, Any]:
     """(a): the generated tool method against the bare function, interleaved in rounds.
     Each instance plays episodes of ``episode_calls`` calls (``reset`` between, untimed),
     so its call records grow as an episode's do."""
-    from app.runs.environments import ToolsEnvironment
+    from app.runs.spec.environments import ToolsEnvironment
     from workers.environments import load_environment
 
     spec = ToolsEnvironment.model_validate(
@@ -234,9 +235,9 @@ def storing(services: Trainyard, steps: int, k: int, groups: int, size: int) -> 
     from sqlalchemy import text
 
     from app.core.settings import Settings
-    from app.runs import step_moves
-    from app.runs.state import Fence
-    from app.runs.status import RunStatus
+    from app.runs.lifecycle import step_moves
+    from app.runs.lifecycle.state import Fence
+    from app.runs.lifecycle.status import RunStatus
     from tests.support.runs import create_run
     from workers.runtime import Runtime
 

@@ -12,8 +12,9 @@ b. the count under the same filters;
 c. a page of 1,000 without and with messages;
 d. JSON Lines export throughput;
 e. pages 1 and 10,000 with the 0005 indexes dropped (inside a transaction rolled back after);
-f. ingest through the workers' per-step statements (``app.runs.step_moves``: the scored rollouts
-   with their status move, then the step's metrics) vs a raw COPY, alternately.
+f. ingest through the workers' per-step statements (``app.runs.lifecycle.step_moves``: the
+   scored rollouts with their status move, then the step's metrics) vs a raw COPY,
+   alternately.
 
 The results replace the section between the training-data markers in docs/benchmarks.md
 (``--output`` for another file); a JSON summary goes to stdout, progress to stderr.
@@ -947,11 +948,11 @@ async def ingest_steps_written(
     pool: asyncpg.Pool, runs: list[uuid.UUID], steps: list[list[dict[str, Any]]]
 ) -> float:
     """The worker's writes, step by step as the training loop makes them
-    (``app.runs.step_moves``): the scored rollouts with the move out of collecting, then the
-    step's metrics and progress with the move back to collecting. Each is one statement,
+    (``app.runs.lifecycle.step_moves``): the scored rollouts with the move out of collecting,
+    then the step's metrics and progress with the move back to collecting. Each is one statement,
     committed on its own."""
-    from app.runs import step_moves
-    from app.runs.state import Fence
+    from app.runs.lifecycle import step_moves
+    from app.runs.lifecycle.state import Fence
 
     fence = Fence(owner=INGEST_OWNER, attempt=1)
     started = time.perf_counter()

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from app.core.config_files import apply_overrides, load_preset
-from app.runs.schemas import RunCreate
+from app.runs.spec.body import RunCreate
 
 PRESETS = sorted((Path(__file__).resolve().parent.parent / "configs" / "runs").glob("*.yaml"))
 
@@ -60,7 +60,7 @@ def test_every_setting_and_every_grpo_field_says_what_it_does() -> None:
     """Help text on every field, as TRL's GRPOConfig has: the settings (TRAINYARD_*), the
     run body's top level and its GRPO and LoRA settings."""
     from app.core.settings import Settings
-    from app.runs.grpo import GrpoSettings, LoraSettings
+    from app.runs.spec.grpo import GrpoSettings, LoraSettings
 
     for model in (Settings, GrpoSettings, LoraSettings, RunCreate):
         missing = [
@@ -81,7 +81,7 @@ def test_every_accelerate_config_a_run_can_name_is_shipped_and_loads() -> None:
 
     from accelerate.commands.config.config_args import load_config_from_file
 
-    from app.runs.grpo import DistributedSettings
+    from app.runs.spec.grpo import DistributedSettings
 
     names = get_args(DistributedSettings.model_fields["accelerate_config"].annotation)
     assert sorted(p.stem for p in ACCELERATE.glob("*.yaml")) == sorted(names)

@@ -16,9 +16,9 @@ from typing import Any, get_args
 import pytest
 from pydantic import ValidationError
 
-from app.runs.grpo import GrpoSettings
-from app.runs.rewards import BUILTIN_REWARDS
-from app.runs.schemas import RunCreate
+from app.runs.spec.body import RunCreate
+from app.runs.spec.grpo import GrpoSettings
+from app.runs.spec.rewards import BUILTIN_REWARDS
 from tests.support import ROOT
 
 BASE = {"model_name": "m", "task_description": "t"}

@@ -22,10 +22,10 @@ from sqlalchemy.orm.attributes import set_committed_value
 from app.catalog.policy import CodePolicy, RunRefused
 from app.events import service as events
 from app.observability import prometheus
-from app.runs import leases
+from app.runs.lifecycle import leases
+from app.runs.lifecycle.state import Fence, LeaseLost, transition
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.state import Fence, LeaseLost, transition
-from app.runs.status import RunStatus
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from importlib import import_module
 from app.core.errors import database_unavailable
 from app.core.logs import log_context
 from app.events import service as events
-from app.runs import leases
+from app.runs.lifecycle import leases
+from app.runs.lifecycle.state import LeaseLost, TransitionConflict
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.state import LeaseLost, TransitionConflict
-from app.runs.status import RunStatus
 from workers.context import AttemptEnded, HandOver, RunContext, StopRequested
 from workers.runtime import Runtime
 

@@ -19,8 +19,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.errors import database_unavailable
 from app.core.idempotency import purge_expired
 from app.observability import prometheus
-from app.runs.dispatch import DUE_CHANNEL, Dispatcher
-from app.runs.reconcile import sweep
+from app.runs.lifecycle.dispatch import DUE_CHANNEL, Dispatcher
+from app.runs.lifecycle.reconcile import sweep
 from app.webhooks.delivery import CHANNEL as WEBHOOKS_CHANNEL
 from app.webhooks.delivery import deliver_due
 from workers.celery_app import QUEUES, get_celery

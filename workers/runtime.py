@@ -54,8 +54,8 @@ class Runtime:
 
     @asynccontextmanager
     async def pg(self) -> AsyncIterator[asyncpg.Connection]:
-        """A plain asyncpg connection, for the per-step statements (``app.runs.step_moves``)
-        that run while the trainer waits."""
+        """A plain asyncpg connection, for the per-step statements
+        (``app.runs.lifecycle.step_moves``) that run while the trainer waits."""
         if self._pg is None:
             async with self._pg_lock:
                 if self._pg is None:

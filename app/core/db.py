@@ -3,7 +3,7 @@
 Route handlers commit at the end of a request; workers open :func:`session_scope` per unit
 of work. Jobs are published only after the commit that made them due, never from inside an
 open transaction: the transaction sends a ``pg_notify`` (delivered on commit) and the
-workers' reconciler publishes the task (:mod:`app.runs.dispatch`).
+workers' reconciler publishes the task (:mod:`app.runs.lifecycle.dispatch`).
 
 An API process also opens a plain asyncpg pool (:mod:`app.core.pg`) beside this engine;
 each gets ``db_pool_size`` connections.

@@ -1,5 +1,5 @@
 """Response shapes for datasets. A dataset's lines are validated as the runs' inline
-inputs are (:class:`app.runs.schemas.InputItem`): one rule for both."""
+inputs are (:class:`app.runs.spec.body.InputItem`): one rule for both."""
 
 from __future__ import annotations
 

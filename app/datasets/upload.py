@@ -5,7 +5,7 @@ or the file itself (``application/x-ndjson``); python-multipart's streaming pars
 former as it arrives. Either way each chunk of the file goes straight to a
 :class:`JsonlReader`, which counts bytes against the limit (413 as soon as it is passed, not
 after buffering), hashes them, validates every line with the inline inputs' own rules
-(:class:`~app.runs.schemas.InputItem`) and keeps the valid rows as PostgreSQL ``COPY`` text,
+(:class:`~app.runs.spec.body.InputItem`) and keeps the valid rows as PostgreSQL ``COPY`` text,
 ready to send: no per-row Python objects outlive their line.
 
 Lines are numbered from 1 as an editor shows them (blank lines count, and are skipped); a
@@ -27,7 +27,7 @@ from python_multipart.multipart import MultipartParser, parse_options_header
 from app.core.copy_format import copy_field
 from app.core.errors import FieldError, Problem
 from app.core.limits import MAX_DATASET_ROWS
-from app.runs.schemas import InputItem
+from app.runs.spec.body import InputItem
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks

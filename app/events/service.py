@@ -9,7 +9,7 @@ forms, so the lock is taken by construction:
 - :func:`append`, for code with an ORM session: one statement that locks the run's row
   and appends the event (the lock is cheap when the transaction holds it already).
 - :func:`insert_events`, the ``INSERT`` for hand-written statements that append events in
-  a CTE (a move of :mod:`app.runs.state`, a run's creation in :mod:`app.runs.repository`
+  a CTE (a move of :mod:`app.runs.lifecycle.state`, a run's creation in :mod:`app.runs.repository`
   and :mod:`app.training_data.jsonl`). Its caller's statement must hold the lock itself.
 
 ``tests/events/test_writer.py`` fails when ``app/`` or ``workers/`` inserts events anywhere
@@ -31,7 +31,7 @@ from app.core.domain import NotFound
 from app.core.sql import json_object
 from app.events import sse
 from app.events.schemas import RunEventPublic
-from app.runs.status import TERMINAL, RunStatus
+from app.runs.lifecycle.status import TERMINAL, RunStatus
 
 
 def insert_events(rows: str) -> str:

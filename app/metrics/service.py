@@ -40,7 +40,7 @@ async def record(
 ) -> None:
     """Store one value per metric name at ``step`` (a redone step overwrites). One
     statement, the values as one JSON parameter (evaluations; a training step's metrics go
-    with its status move, ``app.runs.step_moves.step_finished``).
+    with its status move, ``app.runs.lifecycle.step_moves.step_finished``).
 
     Every write of a run's metric points appends a run event in the same transaction: the
     run's last event id is the ETag of its metrics too (app/events/conditional.py)."""

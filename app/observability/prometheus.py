@@ -59,8 +59,8 @@ from sqlmodel import col
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import Problem
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.status import RunStatus
 
 log = logging.getLogger(__name__)
 

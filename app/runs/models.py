@@ -14,7 +14,7 @@ from sqlalchemy import CheckConstraint, Column, ForeignKey, Index, String, Text,
 from sqlmodel import Field, SQLModel
 
 from app.core.columns import jsonb, timestamp
-from app.runs.status import TERMINAL, RunStatus
+from app.runs.lifecycle.status import TERMINAL, RunStatus
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in RunStatus)
 _TERMINAL = ", ".join(f"'{s.value}'" for s in sorted(TERMINAL))
@@ -60,13 +60,13 @@ class Run(SQLModel, table=True):
     generator: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )
-    # Where an agent acts (app.runs.environments) and its supervised warm-up (app.runs.sft),
-    # as validated; None: a single-turn run without tools, no warm-up.
+    # Where an agent acts (app.runs.spec.environments) and its supervised warm-up
+    # (app.runs.spec.sft), as validated; None: a single-turn run without tools, no warm-up.
     environment: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )
     sft: dict[str, Any] | None = Field(default=None, sa_column=jsonb(nullable=True, default=None))
-    # A teacher run's settings (app.runs.teacher), as validated; None: plain GRPO.
+    # A teacher run's settings (app.runs.spec.teacher), as validated; None: plain GRPO.
     teacher: dict[str, Any] | None = Field(
         default=None, sa_column=jsonb(nullable=True, default=None)
     )

@@ -21,9 +21,10 @@ import asyncpg
 from app.core.domain import Conflict, InvalidInput, LimitReached, NotFound
 from app.core.errors import UNKNOWN_REFERENCE
 from app.events.service import insert_events
-from app.runs.dispatch import DUE_CHANNEL
-from app.runs.schemas import RunCreate, RunPublic
-from app.runs.status import TERMINAL, RunStatus
+from app.runs.lifecycle.dispatch import DUE_CHANNEL
+from app.runs.lifecycle.status import TERMINAL, RunStatus
+from app.runs.schemas import RunPublic
+from app.runs.spec.body import RunCreate
 
 PUBLIC_COLUMNS = ", ".join(RunPublic.model_fields)
 

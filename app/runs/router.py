@@ -15,9 +15,10 @@ from app.core.settings import app_settings
 from app.core.storable import NO_NUL
 from app.core.time import Instant
 from app.runs import service
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.schemas import RunCreate, RunPublic, RunsPage
-from app.runs.status import RunStatus
+from app.runs.schemas import RunPublic, RunsPage
+from app.runs.spec.body import RunCreate
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 

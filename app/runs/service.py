@@ -25,12 +25,13 @@ from app.core import idempotency
 from app.core.domain import NotFound
 from app.events import service as events
 from app.runs import repository
-from app.runs.dispatch import mark_due
-from app.runs.leases import lease_is_live
+from app.runs.lifecycle.dispatch import mark_due
+from app.runs.lifecycle.leases import lease_is_live
+from app.runs.lifecycle.state import TransitionConflict, transition
+from app.runs.lifecycle.status import TERMINAL, RunStatus
 from app.runs.models import Run
-from app.runs.schemas import RunCreate, RunPublic
-from app.runs.state import TransitionConflict, transition
-from app.runs.status import TERMINAL, RunStatus
+from app.runs.schemas import RunPublic
+from app.runs.spec.body import RunCreate
 
 
 async def ensure_run_visible(

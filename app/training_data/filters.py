@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from app.core.sql import Where
 from app.core.time import as_utc
-from app.runs.status import RunStatus
+from app.runs.lifecycle.status import RunStatus
 
 Order = Literal["newest", "oldest"]
 ORDERS: tuple[Order, ...] = ("newest", "oldest")

@@ -28,8 +28,8 @@ from app.core.pagination import (
 )
 from app.core.storable import NO_NUL
 from app.core.time import DayOrInstant
+from app.runs.lifecycle.status import RunStatus
 from app.runs.service import ensure_run_visible
-from app.runs.status import RunStatus
 from app.training_data.filters import (
     MAX_KEY_CHARS,
     EmptyRangeError,

@@ -1,8 +1,8 @@
 """Runs can train agents: where they act (``environment``) and a supervised warm-up
 (``sft``).
 
-Both are jsonb written from their request models (app/runs/environments.py,
-app/runs/sft.py) and null on every run that has neither: a single-turn run without tools
+Both are jsonb written from their request models (app/runs/spec/environments.py,
+app/runs/spec/sft.py) and null on every run that has neither: a single-turn run without tools
 reads exactly as before.
 
 Revision ID: 0007

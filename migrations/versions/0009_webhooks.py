@@ -3,7 +3,7 @@
 ``webhooks`` are a project's endpoints; ``webhook_deliveries`` is the outbox the senders
 (app/webhooks/delivery.py) drain after commit. The rows are written by triggers, not by the
 writers of the events: a run's status events are inserted by one statement of the state
-machine (app/runs/state.py) or of its fast path (app/runs/step_moves.py), and checkpoints
+machine (app/runs/lifecycle/state.py) or of its fast path (app/runs/lifecycle/step_moves.py), and checkpoints
 by app/checkpoints/service.py; a trigger on ``run_events`` and one on ``checkpoints`` serve
 them all, so no writer can forget a webhook and no event commits without its delivery rows.
 The triggers ``pg_notify`` the senders so a delivery does not wait for their timer.

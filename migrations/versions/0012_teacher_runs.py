@@ -1,6 +1,6 @@
 """Teacher runs: a run's ``teacher`` settings, and each input's student probe.
 
-``runs.teacher`` is jsonb written from its request model (app/runs/teacher.py), null on
+``runs.teacher`` is jsonb written from its request model (app/runs/spec/teacher.py), null on
 every run that is not a teacher run. ``task_inputs.teacher`` is what the worker learnt about
 the student on that input before the first step (its baseline answer and score, its
 diagnostic probe, the teacher's prompt): null until then, and on every other run's inputs.

@@ -1,4 +1,4 @@
-"""A run's ``environment`` (app.runs.environments) at POST /runs: each kind accepted, stored
+"""A run's ``environment`` (app.runs.spec.environments) at POST /runs: each kind accepted, stored
 with its defaults and served back; each mistake a 422 naming the field; the document
 lists the built-ins."""
 
@@ -9,7 +9,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.runs.environments import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS
+from app.runs.spec.environments import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS
 from tests.support.database import Tenant
 from tests.support.runs import run_body
 

@@ -26,8 +26,8 @@ from app.core import ratelimit
 from app.core.ratelimit import Decision
 from app.core.settings import get_settings
 from app.main import create_app
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.status import RunStatus
 from tests.support.runs import create_run, run_body
 
 PROBLEM = "application/problem+json"

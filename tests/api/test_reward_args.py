@@ -1,11 +1,11 @@
 """A built-in reward's args are checked at POST /runs against the one registry of built-ins
-(app.runs.rewards.BUILTIN_REWARDS), and the document says which args each takes."""
+(app.runs.spec.rewards.BUILTIN_REWARDS), and the document says which args each takes."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.runs.rewards import BUILTIN_REWARDS
+from app.runs.spec.rewards import BUILTIN_REWARDS
 from tests.support.runs import run_body
 
 FIELD = "body.reward.function.functions[0].args"

@@ -10,8 +10,8 @@ import pytest
 from sqlalchemy import func, select
 
 from app.inputs.models import TaskInput
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.status import RunStatus
 from tests.support.runs import create_run, run_body
 
 PROBLEM = "application/problem+json"

@@ -1,4 +1,4 @@
-"""A run's ``sft`` warm-up (app.runs.sft) at POST /runs: examples or a query, stored with
+"""A run's ``sft`` warm-up (app.runs.spec.sft) at POST /runs: examples or a query, stored with
 their defaults (messages exactly as given) and served back; each mistake a 422 naming the
 field."""
 

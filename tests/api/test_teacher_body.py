@@ -1,4 +1,4 @@
-"""A run's ``teacher`` block (app/runs/teacher.py) at POST /runs: stored with its defaults
+"""A run's ``teacher`` block (app/runs/spec/teacher.py) at POST /runs: stored with its defaults
 and served back; each of the reference's limits a 422 naming the field."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.runs.teacher import (
+from app.runs.spec.teacher import (
     DEFAULT_BASELINE_TEMPLATE,
     DEFAULT_DIAGNOSTIC_TEMPLATE,
     DEFAULT_TEACHER_TEMPLATE,

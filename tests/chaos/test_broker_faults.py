@@ -12,9 +12,9 @@ import pytest
 import redis
 
 from app.core.pg import connect_kwargs
-from app.runs.dispatch import DUE_CHANNEL
+from app.runs.lifecycle.dispatch import DUE_CHANNEL
 from app.runs.repository import insert_run
-from app.runs.schemas import RunCreate
+from app.runs.spec.body import RunCreate
 from tests.support.broker import OwnRedis
 from tests.support.runs import get_run, run_body, trajectory_keys, wait_for
 

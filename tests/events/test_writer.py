@@ -19,10 +19,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.domain import NotFound
 from app.events import service as events
-from app.runs import repository, state
-from app.runs.leases import claim
-from app.runs.state import Move, apply, transition
-from app.runs.status import RunStatus
+from app.runs import repository
+from app.runs.lifecycle import state
+from app.runs.lifecycle.leases import claim
+from app.runs.lifecycle.state import Move, apply, transition
+from app.runs.lifecycle.status import RunStatus
 from app.training_data import jsonl
 from tests.support import ROOT
 from tests.support.runs import create_run

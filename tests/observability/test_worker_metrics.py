@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from app.observability import prometheus
-from app.runs.state import Fence
-from app.runs.status import RunStatus
+from app.runs.lifecycle.state import Fence
+from app.runs.lifecycle.status import RunStatus
 from tests.support.database import OwnDatabase, own_database, sessionmaker  # noqa: F401
 from tests.support.llm import Reply, ScriptedLLM, llm, llm_server  # noqa: F401
 from tests.support.prometheus import value

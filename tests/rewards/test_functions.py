@@ -6,7 +6,7 @@ from functools import partial
 
 import pytest
 
-from app.runs.rewards import BUILTIN_REWARDS
+from app.runs.spec.rewards import BUILTIN_REWARDS
 from workers.rewards import make_scorer
 from workers.rewards.base import Group, Rollout
 from workers.rewards.functions import _IMPLEMENTATIONS, resolve

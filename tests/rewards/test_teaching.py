@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.runs.teacher import guidance_form
+from app.runs.spec.teacher import guidance_form
 from workers.pipeline.teacher import parse_probe
 from workers.rewards.teaching import teaching_reward
 

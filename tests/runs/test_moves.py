@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.runs import leases
+from app.runs.lifecycle import leases
+from app.runs.lifecycle.state import Fence, Hop, Move, compile_move, sources, transition
+from app.runs.lifecycle.status import RunStatus as S
 from app.runs.models import Run
-from app.runs.state import Fence, Hop, Move, compile_move, sources, transition
-from app.runs.status import RunStatus as S
 from tests.support.runs import create_run
 
 

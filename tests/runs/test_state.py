@@ -9,8 +9,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.events.models import RunEvent
-from app.runs.models import Run
-from app.runs.state import (
+from app.runs.lifecycle.state import (
     TRANSITIONS,
     Fence,
     InvalidTransition,
@@ -19,7 +18,8 @@ from app.runs.state import (
     can_transition,
     transition,
 )
-from app.runs.status import TERMINAL, RunStatus
+from app.runs.lifecycle.status import TERMINAL, RunStatus
+from app.runs.models import Run
 from tests.support.runs import create_run
 
 PAIRS = list(itertools.product(RunStatus, RunStatus))

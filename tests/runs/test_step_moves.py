@@ -13,9 +13,9 @@ import asyncpg
 import pytest
 
 from app.core.pg import connect_kwargs, init_connection
-from app.runs import step_moves
-from app.runs.state import Fence, LeaseLost, TransitionConflict
-from app.runs.status import RunStatus as S
+from app.runs.lifecycle import step_moves
+from app.runs.lifecycle.state import Fence, LeaseLost, TransitionConflict
+from app.runs.lifecycle.status import RunStatus as S
 from tests.support.runs import create_run
 
 FENCE = Fence(owner="worker-a:1", attempt=1)

@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from app.runs.environments import EnvironmentSpec
+from app.runs.spec.environments import EnvironmentSpec
 
 RELEASE = threading.Event()  # set by a test to let ``block``'s threads finish
 

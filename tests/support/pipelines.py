@@ -22,8 +22,8 @@ from typing import Any
 from sqlalchemy.dialects.postgresql import insert
 
 from app.metrics.models import MetricPoint
-from app.runs import step_moves
-from app.runs.status import RunStatus
+from app.runs.lifecycle import step_moves
+from app.runs.lifecycle.status import RunStatus
 from workers.context import RunContext
 
 S = RunStatus

@@ -17,10 +17,10 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.core.pg import connect_kwargs
 from app.events.models import RunEvent
 from app.metrics.models import MetricPoint
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
 from app.runs.repository import insert_run
-from app.runs.schemas import RunCreate
-from app.runs.status import RunStatus
+from app.runs.spec.body import RunCreate
 from app.trajectories.models import Trajectory
 
 Maker = async_sessionmaker[AsyncSession]

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.auth.roles import Role
 from app.auth.service import create_key, get_or_create_project
 from app.core.pg import connect_kwargs, init_connection
-from app.runs.status import RunStatus
+from app.runs.lifecycle.status import RunStatus
 from tests.support.runs import create_run
 
 BASE = datetime(2026, 6, 1, tzinfo=UTC)

@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.service import get_or_create_project
 from app.core.pg import connect_kwargs, init_connection
-from app.runs.status import RunStatus
+from app.runs.lifecycle.status import RunStatus
 from app.training_data.filters import Filters, trajectory_where
 from app.training_data.queries import trajectory_select
 from tests.support.runs import create_run

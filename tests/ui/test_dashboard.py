@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app.runs.status import RunStatus
+from app.runs.lifecycle.status import RunStatus
 from tests.support.api_process import ApiProcess
 from tests.support.database import Tenant
 from tests.support.llm import ScriptedLLM, completion_of

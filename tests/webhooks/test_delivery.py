@@ -1,7 +1,7 @@
 """Delivery from the outbox to a real receiver that verifies every signature.
 
 Events are made the way the service makes them — a run moved through
-``app.runs.state.transition``, a checkpoint recorded through ``app.checkpoints.service`` —
+``app.runs.lifecycle.state.transition``, a checkpoint recorded through ``app.checkpoints.service`` —
 and delivered by :func:`app.webhooks.delivery.deliver_due` called directly, with no delay
 between attempts (``Backoff(0, 0)``: every failed row is due again at once), so a test
 drives each retry itself instead of waiting for minutes.
@@ -18,8 +18,8 @@ from sqlalchemy import select
 
 from app.checkpoints import service as checkpoints
 from app.core.settings import Settings
-from app.runs.state import transition
-from app.runs.status import RunStatus
+from app.runs.lifecycle.state import transition
+from app.runs.lifecycle.status import RunStatus
 from app.webhooks import delivery
 from app.webhooks.delivery import Backoff, deliver_due
 from app.webhooks.models import WebhookDelivery

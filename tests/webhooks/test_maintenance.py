@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from app.runs.state import transition
-from app.runs.status import RunStatus
+from app.runs.lifecycle.state import transition
+from app.runs.lifecycle.status import RunStatus
 from app.webhooks import service
 from app.webhooks.schemas import WebhookCreate
 from tests.support.database import OwnDatabase, new_tenant, own_database, sessions_on

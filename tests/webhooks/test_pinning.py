@@ -23,8 +23,8 @@ import httpcore
 import httpx
 import pytest
 
-from app.runs.state import transition
-from app.runs.status import RunStatus
+from app.runs.lifecycle.state import transition
+from app.runs.lifecycle.status import RunStatus
 from app.webhooks.delivery import deliver_due
 from app.webhooks.targets import Refused, refusal, resolve
 from app.webhooks.transport import WebhookTransport

@@ -9,7 +9,7 @@ from typing import Any
 
 from app.core.db import session_scope
 from app.core.settings import get_settings
-from app.runs import leases
+from app.runs.lifecycle import leases
 from tests.support.runs import run_body
 from workers.context import RunContext
 from workers.pipeline.inputs import VALIDATION_WARNING, no_validation_warning, prepare_inputs

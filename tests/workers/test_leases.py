@@ -141,7 +141,7 @@ async def test_cancel_and_pause_of_a_fast_run_always_succeed(
 async def test_duplicate_delivery_is_refused_by_the_lease(
     client, tenant, sessionmaker, start_worker, own_database
 ) -> None:
-    from app.runs.dispatch import Dispatcher
+    from app.runs.lifecycle.dispatch import Dispatcher
     from workers.celery_app import make_celery
 
     start_worker()

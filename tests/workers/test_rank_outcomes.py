@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from app.runs.state import LeaseLost
-from app.runs.status import RunStatus
+from app.runs.lifecycle.state import LeaseLost
+from app.runs.lifecycle.status import RunStatus
 from workers.context import AttemptEnded, HandOver, StopRequested
 from workers.pipeline.ranks import RankDied, RankFailed, outcome
 

@@ -1,6 +1,6 @@
 """The built-in tools and environments, so that a run needs no code of its own.
 
-Their names and summaries are listed once, in :mod:`app.runs.environments`
+Their names and summaries are listed once, in :mod:`app.runs.spec.environments`
 (``BUILTIN_TOOLS``, ``BUILTIN_ENVIRONMENTS``), which the API validates run bodies against;
 the implementations here attach to those lists by name. The environments are plain classes
 on TRL's ``environment_factory`` contract (``reset``, tool methods, ``get_reward``) and are
@@ -14,7 +14,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from app.runs.environments import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS
+from app.runs.spec.environments import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS
 
 
 def _plain(x: float) -> float | int:
@@ -144,6 +144,6 @@ for _have, _listed, _what in (
 ):
     if _have.keys() != _listed.keys():  # not an assert: python -O keeps it
         raise RuntimeError(
-            f"built-in {_what} listed in app.runs.environments and implemented here differ: "
+            f"built-in {_what} listed in app.runs.spec.environments and implemented here differ: "
             + ", ".join(sorted(_have.keys() ^ _listed.keys()))
         )

@@ -29,7 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.runs.environments import EnvironmentSpec
+from app.runs.spec.environments import EnvironmentSpec
 from workers.environments.episode import (
     Episode,
     accepted,

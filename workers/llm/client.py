@@ -59,7 +59,7 @@ class AnswerRejected(ValueError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """Where and how to call a model: the fields of ``app.runs.rewards.JudgeEndpoint``."""
+    """Where and how to call a model: the fields of ``app.runs.spec.rewards.JudgeEndpoint``."""
 
     base_url: str
     model: str

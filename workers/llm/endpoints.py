@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from app.core.settings import Settings
-from app.runs.rewards import JudgeEndpoint
+from app.runs.spec.rewards import JudgeEndpoint
 from workers.llm.client import Endpoint
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from app.runs.grpo import GrpoSettings
+from app.runs.spec.grpo import GrpoSettings
 
 
 class EngineUnavailable(RuntimeError):

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.runs.grpo import GrpoSettings
+from app.runs.spec.grpo import GrpoSettings
 from workers.context import AttemptEnded
 from workers.llm.client import AnswerRejected, ChatClient, Endpoint, LLMError
 

@@ -12,10 +12,10 @@ import asyncio
 from pathlib import Path
 
 from app.checkpoints import service as checkpoints
+from app.runs.lifecycle.state import transition
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.spec import RunSpec
-from app.runs.state import transition
-from app.runs.status import RunStatus
+from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.environments import LoadedEnvironment
 from workers.ml.vllm_engine import check_engine

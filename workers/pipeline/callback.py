@@ -2,9 +2,9 @@
 
 Imported by :func:`workers.pipeline.training.train` only (it needs transformers). At each
 boundary it checks for stop requests, stores the step's metrics and summary with the move to
-the next step's ``collecting`` (one fenced statement, :mod:`app.runs.step_moves`), promotes
-checkpoints (staging folder → rename → record), records evaluations, and turns a pause
-request into a checkpoint followed by a stop.
+the next step's ``collecting`` (one fenced statement,
+:mod:`app.runs.lifecycle.step_moves`), promotes checkpoints (staging folder → rename →
+record), records evaluations, and turns a pause request into a checkpoint followed by a stop.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from app.checkpoints import service as checkpoints
 from app.events import service as events
 from app.metrics import service as metrics
 from app.observability import prometheus
-from app.runs import step_moves
+from app.runs.lifecycle import step_moves
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.spec import RunSpec
-from app.runs.status import RunStatus
+from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import InputBatch

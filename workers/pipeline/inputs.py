@@ -16,7 +16,7 @@ from sqlmodel import col
 from app.events import service as events
 from app.inputs.models import TaskInput
 from app.runs.models import Run
-from app.runs.spec import RunSpec
+from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.pipeline.plan import PlannedInput
 

@@ -39,10 +39,10 @@ from pathlib import Path
 from typing import Any
 
 from app.core.settings import Settings
-from app.runs import leases
-from app.runs.grpo import DistributedSettings
-from app.runs.spec import RunSpec
-from app.runs.state import Fence, LeaseLost
+from app.runs.lifecycle import leases
+from app.runs.lifecycle.state import Fence, LeaseLost
+from app.runs.spec.grpo import DistributedSettings
+from app.runs.spec.parsed import RunSpec
 from workers.context import SHUTTING_DOWN, AttemptEnded, HandOver, RunContext, StopRequested
 from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import InputBatch, PlannedInput

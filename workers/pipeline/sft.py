@@ -27,7 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from app.runs.spec import RunSpec
+from app.runs.spec.parsed import RunSpec
 from app.training_data.library import get_training_trajectories_async
 from workers.context import RunContext
 

@@ -1,7 +1,7 @@
 """One GRPO step as Trainyard sees it from inside TRL: :class:`StepBridge` is the run's
 reward function. TRL hands it a step's rollouts; it stores them and moves the run to
 ``scoring`` in one fenced statement, scores the groups, stores the rewards and moves the
-run to ``training`` in another (:mod:`app.runs.step_moves`), then hands TRL the rewards.
+run to ``training`` in another (:mod:`app.runs.lifecycle.step_moves`), then hands TRL the rewards.
 :class:`~workers.pipeline.callback.RunCallback` reads its :class:`StepStats` at the step's
 end. Below both the training loop and the callback, so neither imports the other.
 """
@@ -15,8 +15,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from app.runs import step_moves
-from app.runs.spec import RunSpec
+from app.runs.lifecycle import step_moves
+from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.pipeline import episodes
 from workers.pipeline.world import Ranks
@@ -267,7 +267,8 @@ class StepBridge:
         ]
 
     # Each write commits its data with the phase change, fenced on the lease: one statement
-    # each (app.runs.step_moves), since the trainer waits on none of them but shares the GIL.
+    # each (app.runs.lifecycle.step_moves), since the trainer waits on none of them but
+    # shares the GIL.
     async def _store_rollouts(self, step: int, rollouts: list[dict[str, Any]]) -> None:
         async with self.ctx.runtime.pg() as conn:
             await step_moves.rollouts_collected(

@@ -1,4 +1,4 @@
-"""Teacher runs (app/runs/teacher.py) in the worker: the student, its probes, the teacher's
+"""Teacher runs (app/runs/spec/teacher.py) in the worker: the student, its probes, the teacher's
 prompts and the scorer that rewards guidance by what it does to the student's answers.
 
 The protocol, per input:
@@ -36,8 +36,8 @@ from typing import Any, Protocol
 
 from sqlalchemy import text as sql
 
-from app.runs.spec import RunSpec
-from app.runs.teacher import GUIDANCE_FORMS, TeacherSettings, guidance_form
+from app.runs.spec.parsed import RunSpec
+from app.runs.spec.teacher import GUIDANCE_FORMS, TeacherSettings, guidance_form
 from workers.context import RunContext
 from workers.pipeline.plan import PlannedInput
 from workers.rewards import Group, Rollout, Score, Scorer

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.runs.spec import RunSpec
+from app.runs.spec.parsed import RunSpec
 
 
 class TrackerUnavailable(RuntimeError):

@@ -26,10 +26,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from app.runs.lifecycle.state import transition
+from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
-from app.runs.spec import RunSpec
-from app.runs.state import transition
-from app.runs.status import RunStatus
+from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.environments import LoadedEnvironment
 from workers.pipeline.disk import raise_if_disk_full

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any, TypeVar
 
-from app.runs.state import LeaseLost
-from app.runs.status import RunStatus
+from app.runs.lifecycle.state import LeaseLost
+from app.runs.lifecycle.status import RunStatus
 from workers.context import HandOver, RunContext, StopRequested
 
 T = TypeVar("T")

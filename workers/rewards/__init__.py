@@ -11,12 +11,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from app.runs.rewards import RewardSpec
+from app.runs.spec.rewards import RewardSpec
 from workers.rewards.base import Group, Rollout, Score, Scorer
 
 
 def make_scorer(spec: RewardSpec | dict[str, Any]) -> Scorer:
-    """The scorer for a run's ``reward`` spec (app.runs.rewards' union, or its model_dump).
+    """The scorer for a run's ``reward`` spec (app.runs.spec.rewards' union, or its model_dump).
 
     Imports lazily, so a worker only loads what its runs use.
     """

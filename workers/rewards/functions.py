@@ -5,7 +5,7 @@ run with an environment also with ``messages`` (the whole episode) and ``environ
 rollout's environment instance), ``completion`` being the final answer. User
 functions are named by import path (``package.module:function``) and must be importable on
 the workers. The built-ins are listed, with what each does and its arguments, in
-:data:`app.runs.rewards.BUILTIN_REWARDS`; their implementations here attach to that list.
+:data:`app.runs.spec.rewards.BUILTIN_REWARDS`; their implementations here attach to that list.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from app.runs.rewards import BUILTIN_REWARDS, builtin_args
+from app.runs.spec.rewards import BUILTIN_REWARDS, builtin_args
 from workers.environments.episode import accepted
 from workers.rewards.base import Group, Rollout, Score
 
@@ -35,7 +35,7 @@ def _builtin(fn: RewardFn) -> RewardFn:
     arguments' defaults and rules: it is called with args validated there."""
     name = fn.__name__
     if name not in BUILTIN_REWARDS:
-        raise RuntimeError(f"{name!r} is not in app.runs.rewards.BUILTIN_REWARDS")
+        raise RuntimeError(f"{name!r} is not in app.runs.spec.rewards.BUILTIN_REWARDS")
     _IMPLEMENTATIONS[name] = fn
     return fn
 

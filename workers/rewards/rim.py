@@ -57,7 +57,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.observability import prometheus
-from app.runs.rewards import RimReward
+from app.runs.spec.rewards import RimReward
 from workers.llm import ChatClient, Endpoint, LLMError
 from workers.rewards.base import Group, Rollout, Score
 from workers.rewards.transcript import reference_block, render_messages

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app.core.settings import Settings
 from app.observability import prometheus
-from app.runs.rewards import RulerReward
+from app.runs.spec.rewards import RulerReward
 from workers.llm import AnswerRejected, ChatClient, LLMError, LLMUnavailable
 from workers.llm.endpoints import resolve_endpoint
 from workers.rewards.base import Group, Score

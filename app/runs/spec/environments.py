@@ -12,7 +12,7 @@ Every kind bounds an episode the same way: ``max_turns`` tool-calling rounds (TR
 Validated when the run is created, so a typo in a tool's name is a 422 naming the field,
 not a failure an hour later on a GPU. :data:`BUILTIN_TOOLS` and
 :data:`BUILTIN_ENVIRONMENTS` are the one list of built-ins: the workers attach their
-implementations to these names, as they do for :data:`~app.runs.rewards.BUILTIN_REWARDS`.
+implementations to these names, as they do for :data:`~app.runs.spec.rewards.BUILTIN_REWARDS`.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pydantic import ConfigDict, Field, ValidationInfo, field_validator
 from app.catalog.models import ENTRY_NAME
 from app.core.errors import inconsistent
 from app.core.storable import HttpUrlStr, NulFreeStr, StorableObject
-from app.runs.rewards import (
+from app.runs.spec.rewards import (
     ENV_NAME,
     Strict,
     builtin_or_import_path,

@@ -15,7 +15,7 @@ from pydantic import Field, WithJsonSchema, field_validator, model_validator
 from app.catalog.models import ENTRY_NAME
 from app.core.errors import inconsistent
 from app.core.storable import HTTP_URL_PATTERN, NulFreeStr, RequestModel
-from app.runs.environments import _no_repeats
+from app.runs.spec.environments import _no_repeats
 
 
 class LoraSettings(RequestModel):

@@ -25,7 +25,7 @@ from pydantic import Field, field_validator, model_validator
 
 from app.core.errors import inconsistent
 from app.core.storable import NulFreeStr
-from app.runs.rewards import JudgeEndpoint, Strict
+from app.runs.spec.rewards import JudgeEndpoint, Strict
 
 # Capability levels that choose the guidance's form (the reference's generate_guidance):
 # below WALKTHROUGH_BELOW a step-by-step walkthrough, below HINTS_BELOW hints and scaffolding,

@@ -18,10 +18,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
 from app.events import service as events
-from app.runs.leases import gave_up
+from app.runs.lifecycle.leases import gave_up
+from app.runs.lifecycle.state import TransitionConflict, transition
+from app.runs.lifecycle.status import CLAIMABLE, RunStatus
 from app.runs.models import Run
-from app.runs.state import TransitionConflict, transition
-from app.runs.status import CLAIMABLE, RunStatus
 
 
 @dataclass

@@ -19,10 +19,10 @@ from sqlmodel import col
 
 from app.events import service as events
 from app.events.models import RunEvent
-from app.runs.dispatch import mark_due
+from app.runs.lifecycle.dispatch import mark_due
+from app.runs.lifecycle.state import Fence, LeaseLost, transition
+from app.runs.lifecycle.status import CLAIMABLE, TERMINAL, RunStatus
 from app.runs.models import Run
-from app.runs.state import Fence, LeaseLost, transition
-from app.runs.status import CLAIMABLE, TERMINAL, RunStatus
 
 
 def _claimable() -> list[str]:

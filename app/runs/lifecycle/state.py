@@ -14,7 +14,7 @@ moved, a second read says why: :class:`RunNotFound`, :class:`LeaseLost`,
 every visible change of a run's row (trigger ``runs_count_change``, migration 0006).
 
 :func:`transition` applies a move on an ORM session and returns the run; the training loop
-applies its moves on a plain asyncpg connection (:mod:`app.runs.step_moves`): same SQL,
+applies its moves on a plain asyncpg connection (:mod:`app.runs.lifecycle.step_moves`): same SQL,
 same checks.
 """
 
@@ -35,8 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.core.domain import Conflict, NotFound
 from app.core.storable import jsonable
 from app.events.service import insert_events
+from app.runs.lifecycle.status import TERMINAL, WORKING, RunStatus
 from app.runs.models import Run
-from app.runs.status import TERMINAL, WORKING, RunStatus
 
 S = RunStatus
 

@@ -12,12 +12,12 @@ import uuid
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from app.runs.environments import EnvironmentSpec
-from app.runs.grpo import GrpoSettings
 from app.runs.models import Run
-from app.runs.rewards import JudgeEndpoint, RewardSpec
-from app.runs.sft import SftSettings
-from app.runs.teacher import TeacherSettings
+from app.runs.spec.environments import EnvironmentSpec
+from app.runs.spec.grpo import GrpoSettings
+from app.runs.spec.rewards import JudgeEndpoint, RewardSpec
+from app.runs.spec.sft import SftSettings
+from app.runs.spec.teacher import TeacherSettings
 
 
 class SpecUnreadable(ValueError):

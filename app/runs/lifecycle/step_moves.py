@@ -1,11 +1,11 @@
 """The training loop's per-step moves: a step's rows and the status move they allow, as one
-:class:`~app.runs.state.Move` each, applied on a plain asyncpg connection.
+:class:`~app.runs.lifecycle.state.Move` each, applied on a plain asyncpg connection.
 
 The rollouts travel with the move out of ``collecting``, the rewards with the move out of
 ``scoring``, the metrics with the move back to ``collecting``. Each is one statement (the
 trainer waits on none of them but shares the GIL with this thread: docs/benchmarks.md,
 service vs script), fenced on the lease, renewing it, and checked against the state
-machine's table by :func:`app.runs.state.apply` like every other move.
+machine's table by :func:`app.runs.lifecycle.state.apply` like every other move.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 
 from app.metrics.service import storable_values
-from app.runs.state import Fence, Hop, Move, Rows, apply, json_param
-from app.runs.status import RunStatus as S
+from app.runs.lifecycle.state import Fence, Hop, Move, Rows, apply, json_param
+from app.runs.lifecycle.status import RunStatus as S
 
 # The step's rollouts: $1 step, $2 the rows as JSON. A step redone after a crash
 # overwrites its rows (unique on run, step, group, rollout).

@@ -15,7 +15,7 @@ from pydantic import Field, field_serializer, field_validator, model_validator
 
 from app.core.errors import inconsistent
 from app.core.storable import FiniteFloat, NulFreeStr
-from app.runs.rewards import Strict
+from app.runs.spec.rewards import Strict
 from app.trajectories.messages import TrajectoryMessage, dump_messages
 
 MAX_EXAMPLES = 10_000
