@@ -101,9 +101,9 @@ def service_urls() -> Iterator[tuple[str, str]]:
     os.environ["TRAINYARD_BROKER_PREFIX"] = f"{name}:"
     get_settings.cache_clear()
 
-    from app.cli import _upgrade
+    from app.cli.db import upgrade
 
-    _upgrade(db_url)
+    upgrade(db_url)
     asyncio.run(execute(base_db, f'CREATE DATABASE "{template}" TEMPLATE "{name}"'))
     try:
         yield db_url, broker

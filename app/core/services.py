@@ -1,31 +1,19 @@
-"""Where PostgreSQL, Redis and the API are.
+"""Where PostgreSQL and Redis are: runtime configuration the API, the workers and the CLI
+share.
 
 Service processes (``trainyard api``, ``worker``, ``db upgrade``) use the configured URLs or
 start embedded servers under ``home`` (:func:`database_url`, :func:`redis_url`); ``trainyard
 up`` starts them once, passes the URLs on to its children and stops them.
 
-Client commands (``keys``, ``runs``, ``data``) never start anything: they use the configured
-URL or the *installation* a running ``trainyard up`` describes in its state file, and say
-there is none otherwise (:func:`client_database_url`, :func:`find_installation`). ``up``
-writes that file to ``<home>/up.json``; when ``TRAINYARD_HOME`` is not set (home is the
-current folder's ``.trainyard``) it writes the same file to ``~/.trainyard/up.json`` too, so
-that a command run from any other folder finds the ``up`` last started without exports.
+Client commands (``keys``, ``data``) and the training-data library never start anything:
+they use the configured URL or that of the installation a running ``trainyard up`` describes
+in its state file (app/cli/installation.py), and say there is none otherwise
+(:func:`client_database_url`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
-import os
-import tempfile
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
-
-import psutil
-
 from app.core.settings import Settings
-
-STATE_FILE = "up.json"
 
 
 def database_url(settings: Settings) -> str:
@@ -44,106 +32,14 @@ def redis_url(settings: Settings) -> str:
     return start_redis(settings.home.resolve()).url
 
 
-class NoInstallation(RuntimeError):
-    """No URL is configured and no ``trainyard up`` is running where the state files are."""
-
-
-@dataclass(frozen=True)
-class Installation:
-    """What a ``trainyard up`` wrote for the other commands: where its parts are.
-
-    ``pid`` with ``process_started`` (the process's start time) identifies the ``up``
-    process, so a recycled pid is never taken for it; ``pid`` is None once it has stopped.
-    The key is kept after a stop, so the next ``up`` in the same home hands out the same one.
-    """
-
-    home: str
-    api_url: str
-    database_url: str
-    broker_url: str
-    pid: int | None
-    process_started: float | None
-    api_key: str | None = None
-    api_key_id: str | None = None
-    children: dict[str, int] = field(default_factory=dict)
-
-    def running(self) -> bool:
-        if self.pid is None or self.process_started is None:
-            return False
-        try:
-            proc = psutil.Process(self.pid)
-            if proc.status() == psutil.STATUS_ZOMBIE:
-                return False
-            return abs(proc.create_time() - self.process_started) < 0.01
-        except psutil.Error:
-            return False
-
-    def stopped(self) -> Installation:
-        return replace(self, pid=None, process_started=None, children={})
-
-
-def user_home() -> Path:
-    """The per-user folder every command looks in when ``TRAINYARD_HOME`` is not set."""
-    return Path.home() / ".trainyard"
-
-
-def home_is_explicit(settings: Settings) -> bool:
-    return "home" in settings.model_fields_set
-
-
-def state_files(settings: Settings) -> list[Path]:
-    """Where ``up`` writes its state, and where the other commands look, in that order."""
-    paths = [settings.home.expanduser().resolve() / STATE_FILE]
-    if not home_is_explicit(settings):
-        paths.append(user_home().resolve() / STATE_FILE)
-    return list(dict.fromkeys(paths))
-
-
-def read_state(path: Path) -> Installation | None:
-    try:
-        data = json.loads(path.read_text())
-        return Installation(**data)
-    except (OSError, ValueError, TypeError):
-        return None  # absent, half written by a crash, or from another version
-
-
-def write_state(path: Path, installation: Installation) -> None:
-    """Write atomically (readers never see half a file), readable by its owner only: it
-    holds an API key and the database URL."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".up-", suffix=".json", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            json.dump(asdict(installation), fh, indent=2)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-
-
-def find_installation(settings: Settings) -> Installation | None:
-    """The running ``up`` named by the first state file that names a live one."""
-    for path in state_files(settings):
-        found = read_state(path)
-        if found is not None and found.running():
-            return found
-    return None
-
-
-def no_installation(settings: Settings, also: str = "") -> NoInstallation:
-    where = " or ".join(str(p) for p in state_files(settings))
-    return NoInstallation(
-        f"no running Trainyard: no state of a running `trainyard up` in {where}{also}; "
-        "start one with `trainyard up` (or set TRAINYARD_HOME to the folder of the one running)"
-    )
-
-
 def client_database_url(settings: Settings) -> str:
     """The database a client command should use; never starts one (an empty embedded
     database in the wrong folder is worse than an error)."""
     if settings.database_url:
         return settings.database_url
+    # Only without a configured URL: the API and the workers never load the CLI's package.
+    from app.cli.installation import find_installation, no_installation
+
     found = find_installation(settings)
     if found is None:
         raise no_installation(settings, ", and TRAINYARD_DATABASE_URL is not set")

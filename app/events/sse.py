@@ -1,6 +1,6 @@
 """The Server-Sent Events wire format of a run's stream, both ways: every message the API
 sends is framed here, and :class:`Parser` is the one Python client of it (``trainyard runs
-follow`` through app/follow.py, and bench/watchers.py's thousand streams). The dashboard's
+follow`` through app/cli/follow.py, and bench/watchers.py's thousand streams). The dashboard's
 parser is the browser's own copy of these rules (app/ui/static/js/sse.js).
 
 What a stream sends (the WHATWG HTML standard's ``text/event-stream``, lines ending in

@@ -2,7 +2,7 @@
 list|show|export`, `keys list`), run as a user runs them: real ``trainyard`` processes, with
 nothing exported, against a real ``trainyard up`` (API and a worker whose ``ticking``
 pipeline walks the real phases without training) on a database of the module's own. And
-the stream reader behind `runs follow` (app/follow.py) against a real API process."""
+the stream reader behind `runs follow` (app/cli/follow.py) against a real API process."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from app.follow import Event, stream_events
+from app.cli.follow import Event, stream_events
 from tests.support.api_process import api_process
 from tests.support.cli import TICKING, Up, cli, scratch, user_env
 from tests.support.database import Maker, OwnDatabase, database_of_its_own, new_tenant, sessions_on
@@ -342,7 +342,7 @@ def test_runs_compare_marks_what_differs(service: Service) -> None:
 
 
 class _Reader:
-    """:func:`app.follow.stream_events` in a thread of its own, as `runs follow` reads."""
+    """:func:`app.cli.follow.stream_events` in a thread of its own, as `runs follow` reads."""
 
     def __init__(self, url: str, headers: dict[str, str], run_id: str) -> None:
         self.events: list[Event] = []
@@ -423,7 +423,7 @@ def test_the_eta_is_the_runs_pace_not_the_replays() -> None:
     when the steps happened (their timestamps), not from how fast they arrived."""
     from datetime import UTC, datetime, timedelta
 
-    from app.follow import _Pace, event_line
+    from app.cli.follow import _Pace, event_line
 
     start = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
     pace = _Pace(started=start, last=start + timedelta(seconds=40), step=4)

@@ -33,11 +33,11 @@ class OwnPostgres:
 
 @pytest.fixture
 def own_postgres(tmp_path: Path) -> Iterator[OwnPostgres]:
-    from app.cli import _upgrade
+    from app.cli.db import upgrade
 
     server = OwnPostgres(tmp_path / "postgres")
     try:
-        _upgrade(server.url)
+        upgrade(server.url)
         yield server
     finally:
         server.server.stop()

@@ -25,9 +25,9 @@ import httpx
 from rich.console import Console
 from rich.progress import Progress, TaskID
 
+from app.cli.follow import Narrator, buckets, follow, metric_series, sparkline
+from app.cli.installation import STATE_FILE, Installation, read_state
 from app.core.config_files import apply_overrides, load_preset
-from app.core.services import STATE_FILE, Installation, read_state
-from app.follow import Narrator, buckets, follow, metric_series, sparkline
 
 console = Console(stderr=True)
 
