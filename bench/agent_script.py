@@ -32,13 +32,10 @@ checkpoints written.
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
-import platform
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -50,12 +47,9 @@ os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
 
 import torch
-import transformers
-import trl
 from datasets import Dataset
-from grpo_script import Recorder
+from grpo_script import Recorder, quiet, result
 from transformers import AutoTokenizer
-from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.utils import get_json_schema
 from trl import GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 from trl.chat_template_utils import get_training_chat_template
@@ -198,12 +192,6 @@ def tokenized(tokenizer: Any, chats: list[list[dict[str, Any]]]) -> Dataset:
     return Dataset.from_list(rows)
 
 
-def quiet(trainer: Any) -> Any:
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    return trainer
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="An agent run (SFT, then GRPO with the calculator's tools) in plain TRL.",
@@ -337,41 +325,24 @@ def main(argv: list[str] | None = None) -> int:
     t3 = time.monotonic()
     cpu = time.process_time() - cpu0
 
-    step_rewards = [statistics.fmean(r) for r in rewards_per_call]
-    intervals = [b - a for a, b in itertools.pairwise(recorder.log_times)]
-    result = {
+    printed = {
         "sft_seconds": t_sft - t0,
-        "load_seconds": t1 - t0,
-        "train_seconds": t2 - t1,
-        "save_seconds": t3 - t2,
-        "total_seconds": t3 - t0,
-        "first_step_seconds": (recorder.first_begin or t1) - t0,
-        "last_step_seconds": (recorder.log_times[-1] if recorder.log_times else t2) - t0,
-        "cpu_seconds": cpu,
-        "steps": trainer.state.global_step,
-        "sft_steps": sft_trainer.state.global_step,
-        "step_seconds": recorder.step_seconds,
-        "step_seconds_median": statistics.median(recorder.step_seconds),
-        "step_interval_median": statistics.median(intervals) if intervals else None,
-        "step_rewards": step_rewards,
-        "final_reward": step_rewards[-1] if step_rewards else None,
-        "final_reward_last10": statistics.fmean(step_rewards[-10:]) if step_rewards else None,
-        "checkpoints": sorted(
-            (p.name for p in (out / "staging").glob("checkpoint-*")),
-            key=lambda name: int(name.rsplit("-", 1)[1]),
+        **result(
+            trainer,
+            recorder,
+            rewards_per_call,
+            out,
+            final,
+            started=t0,
+            built=t1,
+            trained=t2,
+            saved=t3,
+            cpu=cpu,
         ),
-        "saves": recorder.saves,
-        "final_model": str(final),
-        "torch_threads": torch.get_num_threads(),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "trl": trl.__version__,
-            "python": platform.python_version(),
-        },
+        "sft_steps": sft_trainer.state.global_step,
     }
     sys.stdout.flush()
-    print(json.dumps(result), flush=True)
+    print(json.dumps(printed), flush=True)
     return 0
 
 

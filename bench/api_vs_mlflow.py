@@ -33,45 +33,37 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import kit
 import psutil
-from common import (
-    BENCH,
-    OUT,
-    REPO,
-    BenchError,
+from kit import BENCH, OUT, REPO, BenchError, log
+from kit.load import run_wrk, wrk_version
+from kit.machine import machine_busy, trainyard_version, wait_for_quiet
+from kit.processes import (
     Server,
-    Trainyard,
-    add_output_arg,
-    add_trainyard_args,
-    command_line,
     cpu_seconds,
-    fmt_ms,
     free_port,
     listening_pid,
-    log,
-    machine_busy,
-    machine_description,
-    pg_query,
-    pg_url_for,
-    recreate_database,
-    redis_ping,
-    run_wrk,
     start_server,
     stop_on_exit,
-    trainyard_version,
-    utc_now,
-    wait_for_quiet,
     wait_ready,
-    write_section,
-    wrk_version,
 )
+from kit.report import (
+    add_output_arg,
+    fmt_ms,
+    markers,
+    report_head,
+    utc_now,
+    write_section,
+    written_by,
+)
+from kit.stores import pg_url_for, pg_version, recreate_database, redis_ping
+from kit.trainyard import Trainyard, add_trainyard_args
 
 MLFLOW_VENV = BENCH / ".venv-mlflow"
 # 3.18.0 is listed on PyPI but its mlflow-skinny==3.18.0 was not installable when this was
 # written, so the newest MLflow 3 that installs is 3.17.x. Override with --mlflow-spec.
 MLFLOW_SPEC = "mlflow==3.17.*"
-MARK_START = "<!-- api-throughput:start -->"
-MARK_END = "<!-- api-throughput:end -->"
+MARK_START, MARK_END = markers("api-throughput")
 
 TRAINYARD_CREATE_BODY = {
     "model_name": "tiny",
@@ -442,7 +434,6 @@ def render_ratios(results: list[Measurement]) -> list[str]:
 def render_section(
     args: argparse.Namespace, results: list[Measurement], versions: dict[str, str], started: str
 ) -> str:
-    command = command_line("api_vs_mlflow.py", args.trainyard_key)
     ratios = render_ratios(results)
     unexpected = [
         f"{r.server} {r.operation}: {r.statuses}"
@@ -454,13 +445,11 @@ def render_section(
         MARK_START,
         "## API throughput: Trainyard vs MLflow",
         "",
-        "Written by `bench/api_vs_mlflow.py` (see `bench/README.md`); rerun it rather than"
-        " editing this section.",
+        written_by("api_vs_mlflow.py"),
         "",
-        f"- Command: `{command}`",
-        f"- Date: {started}",
-        f"- Machine: {machine_description()}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        *report_head(
+            "api_vs_mlflow.py", started=started, versions=versions, secret=args.trainyard_key
+        ),
         f"- Load: wrk, {args.threads} threads, {args.connections} connections,"
         f" {args.duration:g} s per measurement after a {args.warmup:g} s warm-up; get cycles"
         f" through {args.get_ids} runs created beforehand. Servers run one at a time with"
@@ -566,38 +555,31 @@ def main(argv: list[str] | None = None) -> int:
     versions: dict[str, str] = {}
     results: list[Measurement] = []
     servers: list[Server] = []
-    try:
-        with stop_on_exit(servers):
-            versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
-            pg = urllib.parse.urlsplit(args.pg_url)
-            if pg.hostname in ("127.0.0.1", "localhost", "::1"):
-                args.postgres_pid = listening_pid(pg.port or 5432)
-            # Everything that can fail before the first measurement fails here.
-            if args.only != "mlflow" and not args.trainyard_url:
-                if not args.trainyard_bin.exists():
-                    raise BenchError(
-                        f"{args.trainyard_bin} not found: install the project first"
-                        " (make install) or pass --trainyard-url and --trainyard-key"
-                    )
-                redis_ping(args.redis_url)
-            mlflow_venv = None if args.only == "trainyard" else ensure_mlflow_venv(args.mlflow_spec)
+    with stop_on_exit(servers):
+        versions["PostgreSQL"] = pg_version(args.pg_url)
+        pg = urllib.parse.urlsplit(args.pg_url)
+        if pg.hostname in ("127.0.0.1", "localhost", "::1"):
+            args.postgres_pid = listening_pid(pg.port or 5432)
+        # Everything that can fail before the first measurement fails here.
+        if args.only != "mlflow" and not args.trainyard_url:
+            if not args.trainyard_bin.exists():
+                raise BenchError(
+                    f"{args.trainyard_bin} not found: install the project first"
+                    " (make install) or pass --trainyard-url and --trainyard-key"
+                )
+            redis_ping(args.redis_url)
+        mlflow_venv = None if args.only == "trainyard" else ensure_mlflow_venv(args.mlflow_spec)
 
-            if args.only != "mlflow":
-                ty_results, versions["Trainyard"] = bench_trainyard(args, servers)
-                results += ty_results
-                for server in servers:
-                    log(f"stopping {server.name} before the next server starts")
-                    server.stop()
-                servers.clear()
-            if mlflow_venv is not None:
-                ml_results, versions["MLflow"] = bench_mlflow(args, servers, mlflow_venv)
-                results += ml_results
-    except BenchError as e:
-        print(f"\nbench failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nbench interrupted; servers stopped", file=sys.stderr)
-        return 130
+        if args.only != "mlflow":
+            ty_results, versions["Trainyard"] = bench_trainyard(args, servers)
+            results += ty_results
+            for server in servers:
+                log(f"stopping {server.name} before the next server starts")
+                server.stop()
+            servers.clear()
+        if mlflow_venv is not None:
+            ml_results, versions["MLflow"] = bench_mlflow(args, servers, mlflow_venv)
+            results += ml_results
 
     versions["wrk"] = wrk_version()
     versions["Python"] = platform.python_version()
@@ -632,4 +614,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

@@ -5,11 +5,14 @@ and browser time both measured) and how long a step's commit takes to reach its 
     .venv/bin/python bench/dashboard.py [--steps 2400] [--renders 7] [--commits 10]
 
 Setup: a database of its own (``bench_dashboard``), the API (``trainyard api``, JSON logs),
-no worker. One run is created over HTTP and given, through SQL, what 2,400 steps of the real
-pipeline leave: ``metric_points`` for the names the worker records (TRL's logged values
-plus ``reward_mean``/``reward_std``/…, ``step_seconds``, ``eval_reward`` every 100 steps),
-and the run's events (per step a ``step`` event and its three ``status`` events); the run
-is then ``training`` at step 2,400 of 3,000 under a lease named ``bench``.
+and for a moment one worker: it trains one step of configs/runs/letters.yaml on the tiny
+model, and the names of that run's metric series (``GET /runs/{id}/metrics``: TRL's logged
+values, ``reward_mean``/``reward_std``/…, ``reward/<function>``, ``step_seconds``, …) are
+the names the worker records; then it is stopped. One run is created over HTTP and given,
+through SQL, what 2,400 steps of the real pipeline leave: ``metric_points`` for those names
+(and ``eval_reward`` every 100 steps), and the run's events (per step a ``step`` event and
+its three ``status`` events); the run is then ``training`` at step 2,400 of 3,000 under a
+lease named ``bench``.
 
 First render: Debian's chromium (headless, through Playwright with ``executable_path``),
 a fresh browser context each time (nothing cached), the key in sessionStorage, then
@@ -33,10 +36,8 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
@@ -44,52 +45,21 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
-from common import (
-    OUT,
-    REPO,
-    Trainyard,
-    add_trainyard_args,
-    command_line,
-    log,
-    machine_description,
-    stop_on_exit,
-    trainyard_version,
-    utc_now,
-    wait_for_quiet,
-    write_section,
-)
-
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+import kit
+from kit import OUT, log
+from kit.machine import machine_description, trainyard_version, wait_for_quiet
+from kit.processes import stop_on_exit
+from kit.report import command_line, markers, utc_now, write_section
+from kit.trainyard import LETTERS, Trainyard, add_trainyard_args, model_for, preset_run
 
 from app.core.pg import connect_kwargs, init_connection
 from app.runs.lifecycle import step_moves
 from app.runs.lifecycle.state import Fence
+from tests.support.browser import launch
 
-MARK_START = "<!-- dashboard:start -->"
-MARK_END = "<!-- dashboard:end -->"
+MARK_START, MARK_END = markers("dashboard")
 FIRST_RENDER_TARGET_MS = 500.0
 COMMIT_TARGET_MS = 1000.0
-CHROMIUM = Path(os.environ.get("TRAINYARD_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-# What the worker records every step (workers/pipeline/callback.py: TRL's logs + ours).
-STEP_NAMES = [
-    "loss", "grad_norm", "learning_rate", "num_tokens", "kl", "entropy", "reward",
-    "reward_std", "rewards/trainyard/mean", "rewards/trainyard/std",
-    "completions/mean_length", "completions/min_length", "completions/max_length",
-    "completions/clipped_ratio", "frac_reward_zero_std", "clip_ratio/region_mean",
-    "reward_mean", "reward_min", "reward_max", "groups_dropped", "step_seconds",
-    "tokens_per_second",
-]  # fmt: skip
 RENDER_ROUTES = (
     "/runs/{run_id}",
     "/runs/{run_id}/metrics",
@@ -120,34 +90,50 @@ def parse_args() -> argparse.Namespace:
     return p.parse_args()
 
 
-def step_values(step: int, rng: random.Random) -> dict[str, float]:
+def recorded_names(args: argparse.Namespace, ty: Trainyard, home: Path) -> list[str]:
+    """The metric names the worker records at a step: one step of configs/runs/letters.yaml
+    trained on the tiny model by a worker started for it and stopped after, and its series
+    read back (``GET /runs/{id}/metrics``)."""
+    model = model_for(args, home)
+    worker = ty.start_worker(timeout=args.start_timeout)
+    run = ty.create_run(preset_run(LETTERS, model, steps=1, save_steps=2, name="bench-names"))
+    ty.wait_for_run(run["id"], every=0.5, timeout=600.0)  # imports TRL, loads the model
+    worker.stop()
+    names = sorted(ty.metrics(run["id"]))
+    log(f"the worker records {len(names)} series a step: {', '.join(names)}")
+    return names
+
+
+def step_values(names: list[str], step: int, rng: random.Random) -> dict[str, float]:
+    """A value for each of ``names``, the ones the page draws shaped as a run's are."""
     progress = step / 3000
     mean = 0.2 + 0.6 * progress + rng.gauss(0, 0.02)
     std = 0.15 + rng.gauss(0, 0.01)
-    values = {name: rng.random() for name in STEP_NAMES}
-    values.update(
-        reward=mean,
-        reward_mean=mean,
-        reward_std=std,
-        reward_min=mean - 2 * std,
-        reward_max=mean + 2 * std,
-        loss=rng.gauss(0, 0.05),
-        kl=abs(rng.gauss(0.01, 0.005)),
-        entropy=3 - 2 * progress,
-        step_seconds=0.4 + rng.random() * 0.1,
-    )
-    values["rewards/trainyard/mean"] = mean
+    values = {name: rng.random() for name in names}
+    shaped = {
+        "reward": mean,
+        "reward_mean": mean,
+        "reward_std": std,
+        "reward_min": mean - 2 * std,
+        "reward_max": mean + 2 * std,
+        "loss": rng.gauss(0, 0.05),
+        "kl": abs(rng.gauss(0.01, 0.005)),
+        "entropy": 3 - 2 * progress,
+        "step_seconds": 0.4 + rng.random() * 0.1,
+        "rewards/trainyard/mean": mean,
+    }
+    values.update((k, v) for k, v in shaped.items() if k in values)
     return values
 
 
-async def fill(db_url: str, run_id: str, steps: int) -> None:
+async def fill(db_url: str, run_id: str, steps: int, names: list[str]) -> None:
     """Metric points and events of ``steps`` steps, and the run in training at the last."""
     rng = random.Random(7)
     points: list[tuple[Any, ...]] = []
     events: list[tuple[Any, ...]] = []
     rid = uuid.UUID(run_id)
     for step in range(1, steps + 1):
-        for name, value in step_values(step, rng).items():
+        for name, value in step_values(names, step, rng).items():
             points.append((rid, step, name, float(value)))
         if step % 100 == 0:
             points.append((rid, step, "eval_reward", 0.2 + 0.5 * step / 3000))
@@ -294,7 +280,14 @@ SMOOTHNESS_JS = """async ({steps, series, updates}) => {
 
 
 async def commits(
-    browser: Any, base: str, key: str, run_id: str, db_url: str, steps: int, n: int
+    browser: Any,
+    base: str,
+    key: str,
+    run_id: str,
+    db_url: str,
+    steps: int,
+    n: int,
+    names: list[str],
 ) -> tuple[list[float], dict[str, Any]]:
     context = await browser.new_context(viewport={"width": 1440, "height": 1000})
     await context.add_init_script(f"sessionStorage.setItem('trainyard.key', {key!r})")
@@ -316,7 +309,7 @@ async def commits(
         for k in range(1, n + 1):
             step = steps + k
             await conn.execute("UPDATE runs SET status = 'training' WHERE id = $1", rid)
-            values = step_values(step, rng)
+            values = step_values(names, step, rng)
             await step_moves.step_finished(
                 conn,
                 rid,
@@ -359,6 +352,7 @@ def render_section(
     renders: list[dict[str, float]],
     lat: list[float],
     smooth: dict[str, Any],
+    names: list[str],
 ) -> str:
     def med(name: str) -> float:
         return statistics.median(r[name] for r in renders)
@@ -384,7 +378,7 @@ def render_section(
 `{command_line("dashboard.py")}`
 
 A run with {args.steps:,} steps of metrics ({int(renders[0]["points"]):,} points per chart,
-{len(STEP_NAMES) + 1} series stored per step), first render in a fresh Chromium context,
+{len(names) + 1} series stored per step), first render in a fresh Chromium context,
 {len(renders)} times; {int(statistics.median(r["requests"] for r in renders))} API requests
 per render (median; they run in parallel, so their sum exceeds the wall time).
 
@@ -408,16 +402,16 @@ worst {max(smooth["each"]):.1f} ms over {len(smooth["each"])} steps (a frame is 
 
 
 async def measure(
-    args: argparse.Namespace, ty: Trainyard, run_id: str
+    args: argparse.Namespace, ty: Trainyard, run_id: str, names: list[str]
 ) -> tuple[list[dict[str, float]], list[float], dict[str, Any]]:
     from playwright.async_api import async_playwright
 
     assert ty.api is not None
     api = ty.api
-    await fill(ty.db_url, run_id, args.steps)
+    await fill(ty.db_url, run_id, args.steps, names)
     await asyncio.to_thread(wait_for_quiet, args.settle_timeout)
     async with async_playwright() as p:
-        browser = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        browser = await launch(p)
         try:
             # One unmeasured render: the API's first requests warm its pools and caches.
             await first_renders(browser, api.base_url, ty.key, run_id, api.log_path, 1)
@@ -425,7 +419,7 @@ async def measure(
                 browser, api.base_url, ty.key, run_id, api.log_path, args.renders
             )
             latencies, smooth = await commits(
-                browser, api.base_url, ty.key, run_id, ty.db_url, args.steps, args.commits
+                browser, api.base_url, ty.key, run_id, ty.db_url, args.steps, args.commits, names
             )
         finally:
             await browser.close()
@@ -447,6 +441,7 @@ def main() -> int:
         )
         ty.prepare()
         ty.start_api(timeout=args.start_timeout)
+        names = recorded_names(args, ty, home)
         run = ty.create_run(
             {
                 "model_name": "tiny-llama",
@@ -457,13 +452,19 @@ def main() -> int:
                 "reward": {"type": "function", "functions": [{"name": "char_fraction"}]},
             }
         )
-        renders, latencies, smooth = asyncio.run(measure(args, ty, run["id"]))
-    section = render_section(args, renders, latencies, smooth)
+        renders, latencies, smooth = asyncio.run(measure(args, ty, run["id"], names))
+    section = render_section(args, renders, latencies, smooth, names)
     print(section)
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "dashboard.json").write_text(
         json.dumps(
-            {"renders": renders, "commit_to_chart_ms": latencies, "smoothness": smooth}, indent=2
+            {
+                "metric_names": names,
+                "renders": renders,
+                "commit_to_chart_ms": latencies,
+                "smoothness": smooth,
+            },
+            indent=2,
         )
     )
     write_section(args.output, section, MARK_START, MARK_END)
@@ -472,4 +473,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

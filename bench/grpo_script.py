@@ -92,6 +92,63 @@ class Recorder(TrainerCallback):  # type: ignore[misc]
         self.saves.append(state.global_step)
 
 
+def quiet(trainer: Any) -> Any:
+    """The trainer without its console output (the printer and the progress bar)."""
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    return trainer
+
+
+def result(
+    trainer: Any,
+    recorder: Recorder,
+    rewards_per_call: list[list[float]],
+    out: Path,
+    final: Path | None,
+    *,
+    started: float,
+    built: float,
+    trained: float,
+    saved: float,
+    cpu: float,
+) -> dict[str, Any]:
+    """What a script prints last (the monotonic times: ``started``, the trainer ``built``,
+    ``trained``, the final model ``saved``): timings, each step's duration and reward, the
+    checkpoints written, the versions."""
+    step_rewards = [statistics.fmean(r) for r in rewards_per_call]
+    intervals = [b - a for a, b in itertools.pairwise(recorder.log_times)]
+    return {
+        "load_seconds": built - started,
+        "train_seconds": trained - built,
+        "save_seconds": saved - trained,
+        "total_seconds": saved - started,
+        # Phase boundaries shared with the service's events: step 1 begins, last step logged.
+        "first_step_seconds": (recorder.first_begin or built) - started,
+        "last_step_seconds": (recorder.log_times[-1] if recorder.log_times else trained) - started,
+        "cpu_seconds": cpu,
+        "steps": trainer.state.global_step,
+        "step_seconds": recorder.step_seconds,
+        "step_seconds_median": statistics.median(recorder.step_seconds),
+        "step_interval_median": statistics.median(intervals) if intervals else None,
+        "step_rewards": step_rewards,
+        "final_reward": step_rewards[-1] if step_rewards else None,
+        "final_reward_last10": statistics.fmean(step_rewards[-10:]) if step_rewards else None,
+        "checkpoints": sorted(
+            (p.name for p in (out / "staging").glob("checkpoint-*")),
+            key=lambda name: int(name.rsplit("-", 1)[1]),
+        ),
+        "saves": recorder.saves,
+        "final_model": str(final) if final else None,
+        "torch_threads": torch.get_num_threads(),
+        "versions": {
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "trl": trl.__version__,
+            "python": platform.python_version(),
+        },
+    }
+
+
 class BusyThread:
     """Pure Python work on a second thread: ``ms`` of CPU every 100 ms, like the database
     thread of a worker writing alongside training. It shares the GIL with training."""
@@ -214,15 +271,15 @@ def main(argv: list[str] | None = None) -> int:
         report_to=[],
         disable_tqdm=True,
     )
-    trainer = GRPOTrainer(
-        model=args.model,
-        reward_funcs=reward_fn,
-        args=config,
-        train_dataset=dataset,
-        callbacks=[recorder],
+    trainer = quiet(
+        GRPOTrainer(
+            model=args.model,
+            reward_funcs=reward_fn,
+            args=config,
+            train_dataset=dataset,
+            callbacks=[recorder],
+        )
     )
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
     t1 = time.monotonic()
     trainer.train()
     t2 = time.monotonic()
@@ -234,41 +291,23 @@ def main(argv: list[str] | None = None) -> int:
     cpu = time.process_time() - cpu0
     busy_cpu = busy.stop() if busy else 0.0
 
-    step_rewards = [statistics.fmean(r) for r in rewards_per_call]
-    intervals = [b - a for a, b in itertools.pairwise(recorder.log_times)]
-    result = {
-        "load_seconds": t1 - t0,
-        "train_seconds": t2 - t1,
-        "save_seconds": t3 - t2,
-        "total_seconds": t3 - t0,
-        # Phase boundaries shared with the service's events: step 1 begins, last step logged.
-        "first_step_seconds": (recorder.first_begin or t1) - t0,
-        "last_step_seconds": (recorder.log_times[-1] if recorder.log_times else t2) - t0,
-        "cpu_seconds": cpu,
-        "busy_thread_cpu_seconds": busy_cpu,
-        "steps": trainer.state.global_step,
-        "step_seconds": recorder.step_seconds,
-        "step_seconds_median": statistics.median(recorder.step_seconds),
-        "step_interval_median": statistics.median(intervals) if intervals else None,
-        "step_rewards": step_rewards,
-        "final_reward": step_rewards[-1] if step_rewards else None,
-        "final_reward_last10": statistics.fmean(step_rewards[-10:]) if step_rewards else None,
-        "checkpoints": sorted(
-            (p.name for p in (out / "staging").glob("checkpoint-*")),
-            key=lambda name: int(name.rsplit("-", 1)[1]),
+    printed = {
+        **result(
+            trainer,
+            recorder,
+            rewards_per_call,
+            out,
+            final,
+            started=t0,
+            built=t1,
+            trained=t2,
+            saved=t3,
+            cpu=cpu,
         ),
-        "saves": recorder.saves,
-        "final_model": str(final) if final else None,
-        "torch_threads": torch.get_num_threads(),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "trl": trl.__version__,
-            "python": platform.python_version(),
-        },
+        "busy_thread_cpu_seconds": busy_cpu,
     }
     sys.stdout.flush()
-    print(json.dumps(result), flush=True)
+    print(json.dumps(printed), flush=True)
     return 0
 
 

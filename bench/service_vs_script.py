@@ -17,8 +17,8 @@ and are printed. See bench/README.md.
     .venv/bin/python bench/service_vs_script.py --agent   # agent-calculator.yaml vs agent_script.py
 
 Needs PostgreSQL (trust or password auth; database bench_service is dropped and created)
-and Redis (db 12, keys under a prefix of their own). Standard library, httpx, psutil, yaml
-and, for --profile, py-spy.
+and Redis (db 12, keys under a prefix of their own). Standard library, httpx, psutil, the
+project in .venv and, for --profile, py-spy.
 """
 
 from __future__ import annotations
@@ -43,50 +43,44 @@ import time
 from pathlib import Path
 from typing import Any
 
+import kit
 import psutil
-from common import (
-    BENCH,
-    OUT,
-    REPO,
-    TERMINAL,
-    BenchError,
-    Server,
-    Trainyard,
-    add_output_arg,
-    add_trainyard_args,
-    agent_run,
-    clear_redis_prefix,
-    command_line,
-    cpu_seconds,
-    letters_run,
+from kit import BENCH, OUT, REPO, BenchError, log
+from kit.machine import (
     loadavg,
-    log,
     machine_busy,
-    machine_description,
-    model_for,
-    pg_json,
-    pg_query,
-    pg_url_for,
-    redis_ping,
+    torch_thread_env,
+    trainyard_version,
+    wait_for_quiet,
+)
+from kit.processes import (
+    PYSPY_RATE,
+    Server,
+    cpu_seconds,
+    pyspy,
     run_to_end,
     start_server,
     stop_on_exit,
-    torch_thread_env,
-    trainyard_version,
-    utc_now,
-    wait_for_quiet,
-    write_section,
+)
+from kit.report import add_output_arg, markers, report_head, utc_now, write_section, written_by
+from kit.stores import clear_redis_prefix, pg_json, pg_query, pg_url_for, pg_version, redis_ping
+from kit.trainyard import (
+    AGENT_CALCULATOR,
+    LETTERS,
+    Trainyard,
+    add_model_arg,
+    add_trainyard_args,
+    model_for,
+    preset_run,
 )
 
-MARK_START = "<!-- service-vs-script:start -->"
-MARK_END = "<!-- service-vs-script:end -->"
+MARK_START, MARK_END = markers("service-vs-script")
 SCRIPT = BENCH / "grpo_script.py"
 STEP_WRITES = BENCH / "step_writes.py"
 DB_NAME = "bench_service"
 TARGET = 1.05  # issue 9: the service costs at most 5% over the plain script
 # --agent: a multi-turn run of configs/runs/agent-calculator.yaml against bench/agent_script.py
-AGENT_MARK_START = "<!-- service-vs-script-agent:start -->"
-AGENT_MARK_END = "<!-- service-vs-script-agent:end -->"
+AGENT_MARK_START, AGENT_MARK_END = markers("service-vs-script-agent")
 AGENT_SCRIPT = BENCH / "agent_script.py"
 AGENT_TARGET = 1.10  # issue 10: a multi-turn run through the service within 1.10x
 TABLES = ("trajectories", "metric_points", "run_events", "runs", "checkpoints", "task_inputs")
@@ -101,11 +95,15 @@ def run_body(
     """The measured run (``warm_up``: the unmeasured first one; an agent's with one SFT
     epoch, enough for the worker to import SFT's code too)."""
     if args.agent:
-        sft_epochs = 1 if warm_up else None
-        return agent_run(
-            model, steps=steps, save_steps=args.save_steps, name="bench", sft_epochs=sft_epochs
+        return preset_run(
+            AGENT_CALCULATOR,
+            model,
+            steps=steps,
+            save_steps=args.save_steps,
+            name="bench",
+            overrides=("sft.epochs=1",) if warm_up else (),
         )
-    return letters_run(model, steps=steps, save_steps=args.save_steps, name="bench")
+    return preset_run(LETTERS, model, steps=steps, save_steps=args.save_steps, name="bench")
 
 
 def resolved(body: dict[str, Any]) -> dict[str, Any]:
@@ -375,31 +373,12 @@ class Services(Trainyard):
         self.args = args
         self.db = Database(args.pg_url)
 
-    def create_and_wait(self, body: dict[str, Any]) -> tuple[dict[str, Any], float]:
-        """POST the run and poll it until it ends; returns the run and the wall time."""
-        assert self.worker is not None
-        t0 = time.monotonic()
+    def create_and_wait(self, body: dict[str, Any]) -> dict[str, Any]:
+        """POST the run and poll it until it completed; the run as it ended."""
         run = self.create_run(body)
-        deadline = t0 + self.args.run_timeout
-        with self.client() as client:
-            while run["status"] not in TERMINAL:
-                if time.monotonic() > deadline:
-                    raise BenchError(
-                        f"run {run['id']} still {run['status']} after {self.args.run_timeout:.0f}"
-                        f" s; last lines of {self.worker.log_path}:\n{self.worker.tail()}"
-                    )
-                self.worker.check_alive()
-                time.sleep(self.args.poll_interval)
-                r = client.get(f"/runs/{run['id']}")
-                r.raise_for_status()
-                run = r.json()
-        wall = time.monotonic() - t0
-        if run["status"] != "completed":
-            raise BenchError(
-                f"run {run['id']} ended {run['status']}: {run.get('error')}; worker log:"
-                f" {self.worker.log_path}"
-            )
-        return run, wall
+        return self.wait_for_run(
+            run["id"], every=self.args.poll_interval, timeout=self.args.run_timeout
+        )
 
 
 def pipeline_version(path: Path) -> str:
@@ -455,7 +434,7 @@ def measure_service(
     cpu_before = {k: cpu_seconds(*v) for k, v in procs.items()}
     pg_before = {pid: cpu_seconds(pid) for pid in pg_pids}
     load_before, machine_before = loadavg(), psutil.cpu_times()
-    run, _ = services.create_and_wait(body)
+    run = services.create_and_wait(body)
     load_after, machine_after = loadavg(), psutil.cpu_times()
     cpu = {k: cpu_seconds(*v) - cpu_before[k] for k, v in procs.items()}
     # Backends of the bench database; pooled connections live across the run.
@@ -581,7 +560,6 @@ def log_sample(s: Sample) -> None:
 # ------------------------------------------------------------------------------ py-spy
 
 
-PYSPY_RATE = 100
 TRAINING_LOOP = "_inner_training_loop"
 DB_CALL = re.compile(r"\b_(\w+)\(")
 TRAINING_PY = REPO / "workers" / "pipeline" / "training.py"
@@ -796,9 +774,7 @@ def profile_pair(
     prompts: list[str],
     cmd: list[str],
 ) -> dict[str, Any]:
-    pyspy = shutil.which("py-spy", path=str(REPO / ".venv" / "bin")) or shutil.which("py-spy")
-    if not pyspy:
-        raise BenchError("--profile needs py-spy (.venv/bin/py-spy)")
+    spy_bin = pyspy()
     assert services.worker is not None
     flags = ["--rate", str(PYSPY_RATE), "--format", "raw", "--threads", "--idle", "--nonblocking"]
     script_raw = OUT / "svs-profile-script.txt"
@@ -808,13 +784,13 @@ def profile_pair(
         servers,
         cmd,
         0,
-        wrap=[pyspy, "record", *flags, "-o", str(script_raw), "--"],
+        wrap=[spy_bin, "record", *flags, "-o", str(script_raw), "--"],
         label="svs-script-profile",
     )
     wait_for_quiet(args.settle_timeout)
     spy = start_server(
         "svs-pyspy",
-        [pyspy, "record", *flags, "-o", str(worker_raw), "--pid", str(services.worker.proc.pid)],
+        [spy_bin, "record", *flags, "-o", str(worker_raw), "--pid", str(services.worker.proc.pid)],
         env=dict(os.environ),
     )
     servers.append(spy)
@@ -1168,7 +1144,6 @@ def render_section(
     run: dict[str, Any],
     load_start: tuple[float, float, float],
 ) -> str:
-    command = command_line("service_vs_script.py")
     a, b = med(script, lambda s: s.seconds), med(service, lambda s: s.seconds)
     r = b / a if a else float("nan")
     target = AGENT_TARGET if args.agent else TARGET
@@ -1224,13 +1199,9 @@ def render_section(
         if args.agent
         else "## Service overhead: a run through Trainyard vs the same TRL script",
         "",
-        "Written by `bench/service_vs_script.py` (see `bench/README.md`); rerun it rather than"
-        " editing this section.",
+        written_by("service_vs_script.py"),
         "",
-        f"- Command: `{command}`",
-        f"- Date: {started}",
-        f"- Machine: {machine_description()}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        *report_head("service_vs_script.py", started=started, versions=versions),
         work,
         f"- Service: `trainyard api` + one `trainyard worker --pool solo`, fresh database"
         f' `{DB_NAME}`; time = `lease` event "claimed by …" → `status` event to `completed`'
@@ -1299,7 +1270,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=2,
         help="steps of the unmeasured first service run (the worker imports TRL then)",
     )
-    p.add_argument("--model", type=Path, help="tiny model folder (default: built in the temp home)")
+    add_model_arg(p)
     p.add_argument(
         "--agent",
         action="store_true",
@@ -1360,9 +1331,7 @@ def main(argv: list[str] | None = None) -> int:
     load_start = loadavg()
     try:
         with stop_on_exit(servers):
-            if not args.trainyard_bin.exists():
-                raise BenchError(f"{args.trainyard_bin} not found: install the project first")
-            versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
+            versions["PostgreSQL"] = pg_version(args.pg_url)
             redis_ping(args.redis_url)
             model = model_for(args, home, tools=args.agent)
             body = run_body(args, model, args.steps)
@@ -1410,12 +1379,6 @@ def main(argv: list[str] | None = None) -> int:
                 }
             )
             versions["Python"] = platform.python_version()
-    except BenchError as e:
-        print(f"\nbench failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nbench interrupted; services stopped", file=sys.stderr)
-        return 130
     finally:
         with contextlib.suppress(BenchError):
             clear_redis_prefix(args.redis_url, args.broker_prefix)
@@ -1463,4 +1426,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

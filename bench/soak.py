@@ -21,56 +21,30 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-import psutil
-from common import (
-    OUT,
-    BenchError,
-    Server,
+import kit
+from kit import OUT, BenchError, log
+from kit.load import run_wrk, wrk_version
+from kit.machine import machine_description, versions_of, wait_for_quiet
+from kit.processes import Server, rss_bytes, stop_on_exit
+from kit.report import add_output_arg, command_line, markers, utc_now, write_section
+from kit.trainyard import (
+    LETTERS,
     Trainyard,
-    add_output_arg,
+    add_model_arg,
     add_trainyard_args,
-    command_line,
-    drop_database,
-    letters_run,
-    log,
-    machine_description,
     model_for,
-    package_versions,
-    run_wrk,
-    stop_on_exit,
-    trainyard_version,
-    utc_now,
-    wait_for_quiet,
-    write_section,
-    wrk_version,
+    preset_run,
 )
 
 DB_NAME = "bench_soak"
-START, END = "<!-- soak:start -->", "<!-- soak:end -->"
+START, END = markers("soak")
 TARGET_GROWTH = 0.10
-
-
-def tree_rss(pid: int) -> int:
-    """Resident bytes of a process and its descendants (a Celery worker may fork)."""
-    try:
-        root = psutil.Process(pid)
-        procs = [root, *root.children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return 0
-    total = 0
-    for proc in procs:
-        try:
-            total += proc.memory_info().rss
-        except psutil.NoSuchProcess:
-            continue
-    return total
 
 
 def mib(n: float) -> str:
@@ -79,22 +53,17 @@ def mib(n: float) -> str:
 
 def soak_worker(ty: Trainyard, worker: Server, model: Path, args: argparse.Namespace) -> dict:
     run = ty.create_run(
-        letters_run(model, steps=args.steps, save_steps=args.save_steps, name="soak")
+        preset_run(LETTERS, model, steps=args.steps, save_steps=args.save_steps, name="soak")
     )
     samples: list[tuple[float, int, int]] = []  # (seconds, step, rss)
     t0 = time.monotonic()
-    with ty.client() as client:
-        while True:
-            got = client.get(f"/runs/{run['id']}").json()
-            samples.append((time.monotonic() - t0, int(got["step"]), tree_rss(worker.proc.pid)))
-            if got["status"] in {"completed", "failed", "cancelled"}:
-                break
-            if len(samples) % 30 == 0:
-                log(f"worker: step {got['step']}/{args.steps}, {mib(samples[-1][2])}")
-            worker.check_alive()
-            time.sleep(args.sample)
-    if got["status"] != "completed":
-        raise BenchError(f"the soak run ended {got['status']}: {got.get('error')}")
+
+    def sample(got: dict[str, Any]) -> None:
+        samples.append((time.monotonic() - t0, int(got["step"]), rss_bytes(worker.proc.pid)))
+        if len(samples) % 30 == 0:
+            log(f"worker: step {got['step']}/{args.steps}, {mib(samples[-1][2])}")
+
+    ty.wait_for_run(run["id"], every=args.sample, each=sample)
     after_warmup = [s for s in samples if s[1] >= args.warmup_steps]
     if len(after_warmup) < 2:
         raise BenchError("too few samples after the warm-up; lower --warmup-steps")
@@ -145,7 +114,7 @@ def soak_api(ty: Trainyard, api: Server, run_id: str, args: argparse.Namespace) 
         if not warm and done >= args.warmup_requests:
             warm = True
             done_at_warm = done
-        rounds.append((done, tree_rss(pid)))
+        rounds.append((done, rss_bytes(pid)))
         log(f"api: {done:,} requests, {mib(rounds[-1][1])}")
     first = next(i for i, (n, _) in enumerate(rounds) if n >= done_at_warm)
     start = rounds[first][1]
@@ -212,7 +181,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=1_000_000, help="API requests measured")
     p.add_argument("--warmup-requests", type=int, default=20_000, help="API requests first")
     p.add_argument("--round", type=float, default=20.0, help="seconds per wrk round")
-    p.add_argument("--model", type=Path, help="a model folder (default: build the tiny model)")
+    add_model_arg(p)
     add_trainyard_args(
         p,
         databases=DB_NAME,
@@ -231,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-soak-"))
     servers: list[Server] = []
-    versions = {"Trainyard": trainyard_version(), "Python": platform.python_version()}
-    versions.update(package_versions("torch", "transformers", "trl", "uvicorn"))
+    versions = versions_of("torch", "transformers", "trl", "uvicorn")
     versions["wrk"] = wrk_version()
     ty = Trainyard(
         args,
@@ -253,8 +221,7 @@ def main(argv: list[str] | None = None) -> int:
             ty.worker.stop()  # the API alone from here: nothing else on its CPU
             api = soak_api(ty, ty.api, worker["run_id"], args)
     finally:
-        drop_database(args.pg_url, DB_NAME)
-        ty.clear_broker()
+        ty.remove()
     section = render(args, started, worker, api, versions)
     write_section(args.output, section, START, END)
     (OUT / "soak.json").write_text(json.dumps({"worker": worker, "api": api}, indent=2))
@@ -263,4 +230,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

@@ -47,6 +47,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    # The source run was the benchmark's own, naming a local model folder: RunContext.load
+    # checks it again, which only the open code policy lets through.
+    os.environ.setdefault("TRAINYARD_CODE_POLICY", "open")
     from sqlalchemy import text
 
     from app.core.settings import Settings

@@ -45,32 +45,26 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
-from common import (
-    OUT,
-    REPO,
-    BenchError,
-    Trainyard,
+import kit
+from kit import OUT, REPO, BenchError, log
+from kit.machine import loadavg, trainyard_version, wait_for_quiet
+from kit.report import (
     add_output_arg,
-    add_trainyard_args,
-    command_line,
-    loadavg,
-    log,
-    machine_description,
-    pg_query,
-    trainyard_version,
+    floor_quantile,
+    markers,
+    report_head,
+    timed_ms,
     utc_now,
-    wait_for_quiet,
     write_section,
+    written_by,
 )
+from kit.stores import pg_version
+from kit.trainyard import Trainyard, add_trainyard_args
 
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-MARK_START = "<!-- tool-calls:start -->"
-MARK_END = "<!-- tool-calls:end -->"
+MARK_START, MARK_END = markers("tool-calls")
 DB_NAME = "bench_tool_calls"
 OWNER = "bench-tool-calls"
 TARGET_MS = 5.0  # issue 10: the service's cost per tool call, median
@@ -96,7 +90,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {
         "median": statistics.median(ordered),
-        "p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "p90": floor_quantile(ordered, 0.9),
         "n": len(ordered),
     }
 
@@ -108,16 +102,6 @@ def collected_first() -> Iterator[None]:
     the p90s."""
     gc.collect()
     yield
-
-
-def timed(fn: Callable[[], Any], n: int) -> list[float]:
-    """Milliseconds of each of ``n`` calls of ``fn``."""
-    out = []
-    for _ in range(n):
-        t = time.perf_counter()
-        fn()
-        out.append((time.perf_counter() - t) * 1e3)
-    return out
 
 
 def guarded_call(calls: int, episode_calls: int) -> dict[str, Any]:
@@ -138,8 +122,8 @@ def guarded_call(calls: int, episode_calls: int) -> dict[str, Any]:
     rounds = max(1, calls // episode_calls)
     with collected_first():
         for _ in range(rounds):
-            bare += timed(lambda: noop(a=1, b=2), episode_calls)
-            guarded += timed(lambda: instance.noop(a=1, b=2), episode_calls)  # type: ignore[attr-defined]
+            bare += timed_ms(lambda: noop(a=1, b=2), episode_calls)
+            guarded += timed_ms(lambda: instance.noop(a=1, b=2), episode_calls)  # type: ignore[attr-defined]
             instance.reset(prompt=[{"role": "user", "content": "What is 1 plus 1?"}])
     environment.close()
     b, g = percentiles(bare), percentiles(guarded)
@@ -180,7 +164,7 @@ def bookkeeping(calls: int, k: int) -> dict[str, Any]:
     completion, records = episode_messages(k)
     mask = [1] * 40 + [0] * (6 * k) + [1] * 4
     with collected_first():
-        times = timed(lambda: episodes.build(completion, records, mask), max(1, calls // k))
+        times = timed_ms(lambda: episodes.build(completion, records, mask), max(1, calls // k))
     built = episodes.build(completion, records, mask)
     if built.counts["tool_calls"] != k:
         raise BenchError(f"episodes.build counted {built.counts} for {k} calls")
@@ -358,7 +342,9 @@ def mcp_calls(calls: int, batch: int = 50) -> dict[str, Any]:
                             t = time.perf_counter()
                             await session.call_tool("add", arguments)
                             sdk.append((time.perf_counter() - t) * 1e3)
-                        through += timed(lambda: toolbox.call("add", arguments, timeout=10), batch)
+                        through += timed_ms(
+                            lambda: toolbox.call("add", arguments, timeout=10), batch
+                        )
         return through, sdk
 
     through, sdk = asyncio.run(both())
@@ -416,13 +402,9 @@ def render_section(args: argparse.Namespace, result: dict[str, Any], versions: s
                 MARK_START,
                 "## Agent runs: Trainyard's cost per tool call",
                 "",
-                "Written by `bench/tool_calls.py` (see `bench/README.md`); rerun it rather than"
-                " editing this section.",
+                written_by("tool_calls.py"),
                 "",
-                f"- Command: `{command_line('tool_calls.py')}`",
-                f"- Date: {result['started']}",
-                f"- Machine: {machine_description()}",
-                f"- Versions: {versions}",
+                *report_head("tool_calls.py", started=result["started"], versions=versions),
                 f"- Machine load: loadavg {' '.join(map(str, result['loadavg_start']))} at the"
                 f" start, {' '.join(map(str, result['loadavg_end']))} at the end.",
                 "- What is counted: what Trainyard's worker adds to a tool call, beyond the tool's"
@@ -481,11 +463,9 @@ def main(argv: list[str] | None = None) -> int:
     load_start = loadavg()
     services: Trainyard | None = None
     try:
-        if not args.trainyard_bin.exists():
-            raise BenchError(f"{args.trainyard_bin} not found: install the project first")
         services = Trainyard(args, name="tools", db_name=DB_NAME, servers=[])
         services.prepare(project="bench-tools")
-        pg_version = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
+        postgres = pg_version(args.pg_url)
         result: dict[str, Any] = {"started": started, "loadavg_start": load_start}
         for name, measure in (
             ("guarded", lambda: guarded_call(args.calls, args.tool_calls)),
@@ -503,9 +483,6 @@ def main(argv: list[str] | None = None) -> int:
             result[name] = measure()
             log(f"  -> {json.dumps(result[name])}")
         result["loadavg_end"] = loadavg()
-    except BenchError as e:
-        print(f"\nbench failed: {e}", file=sys.stderr)
-        return 1
     finally:
         if services is not None:
             with contextlib.suppress(BenchError):
@@ -513,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     from importlib.metadata import version
 
     versions = (
-        f"Trainyard {trainyard_version()}, PostgreSQL {pg_version}, mcp {version('mcp')},"
+        f"Trainyard {trainyard_version()}, PostgreSQL {postgres}, mcp {version('mcp')},"
         f" Python {sys.version.split()[0]}"
     )
     write_section(args.output, render_section(args, result, versions), MARK_START, MARK_END)
@@ -524,4 +501,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

@@ -50,30 +50,26 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from typing import Any
 
 import asyncpg
+import kit
 import psutil
-from common import (
-    BenchError,
+from kit import BenchError, log
+from kit.machine import machine_description, package_versions, trainyard_version, wait_for_quiet
+from kit.report import (
     add_output_arg,
-    add_trainyard_bin_arg,
     command_line,
-    drop_database,
-    log,
-    machine_description,
-    migrate,
-    package_versions,
-    pg_url_for,
-    recreate_database,
-    trainyard_version,
+    markers,
+    report_head,
     utc_now,
-    wait_for_quiet,
     write_section,
+    written_by,
 )
-from common import (
-    fmt_ms as _fmt_ms,
-)
+from kit.report import fmt_ms as _fmt_ms
+from kit.stores import drop_database, migrate, pg_url_for, recreate_database
+from kit.trainyard import add_trainyard_bin_arg
 
 from app.core.copy_format import NULL, copy_field
 from app.core.pg import connect_kwargs
+from app.runs.lifecycle.status import TERMINAL
 from app.training_data import queries
 from app.training_data.filters import Filters
 from app.training_data.jsonl import COPY_COLUMNS
@@ -84,8 +80,7 @@ from app.training_data.library import (
 )
 
 fmt_ms = functools.partial(_fmt_ms, digits=2)  # the queries take well under a millisecond
-MARK_START = "<!-- training-data:start -->"
-MARK_END = "<!-- training-data:end -->"
+MARK_START, MARK_END = markers("training-data")
 DEFAULT_ADMIN_URL = "postgresql+asyncpg://postgres@127.0.0.1:5432/postgres"
 DEFAULT_DB = "trainyard_bench_td"
 META_TABLE = "bench_training_data"
@@ -407,7 +402,6 @@ async def insert_runs(
     def at(seconds: float) -> dt.datetime:
         return dt.datetime.fromtimestamp(t0 + seconds, dt.UTC)
 
-    terminal = {"completed", "failed", "cancelled"}
     await conn.executemany(
         _INSERT_RUN,
         [
@@ -420,7 +414,7 @@ async def insert_runs(
                 r.steps,
                 at(r.start_s),
                 at(r.end_s),
-                at(r.end_s) if r.status in terminal else None,
+                at(r.end_s) if r.status in TERMINAL else None,
             )
             for r in runs
         ],
@@ -1183,13 +1177,9 @@ def render_section(results: dict[str, Any]) -> str:
         MARK_START,
         f"## Training data: {data['rows']:,} trajectories (issue 4)",
         "",
-        "Written by `bench/training_data.py` (see `bench/README.md`); rerun it rather than"
-        " editing this section.",
+        written_by("training_data.py"),
         "",
-        f"- Command: `{results['command']}`",
-        f"- Date: {results['date']}",
-        f"- Machine: {results['machine']}",
-        "- Versions: " + ", ".join(f"{k} {ver}" for k, ver in results["versions"].items()),
+        *report_head("training_data.py", started=results["date"], versions=results["versions"]),
         f"- Data set: {data['rows']:,} trajectories in {data['projects']} projects and"
         f" {data['runs']:,} runs over {DAYS} days (loaded {data['loaded_at']}); messages 0.2–2"
         f" KB, rewards uniform 0–1 with {NULL_REWARD_SHARE:.0%} unscored. The biggest"
@@ -1437,14 +1427,7 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_now()
     t0 = time.perf_counter()
     psutil.cpu_percent(interval=None)
-    try:
-        results = asyncio.run(run(args))
-    except BenchError as exc:
-        log(f"error: {exc}")
-        return 1
-    except KeyboardInterrupt:
-        log("interrupted")
-        return 130
+    results = asyncio.run(run(args))
     results["versions"] = {"Trainyard": trainyard_version(), **results["versions"]}
     results["command"] = command_line("training_data.py")
     results["date"] = started
@@ -1461,4 +1444,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

@@ -8,7 +8,7 @@ the training step within 10% of no watchers; the conditional pollers' p99 under 
 
 One invocation starts its own database (``bench_watchers``), the API, one Celery worker and
 a long run of ``configs/runs/letters.yaml`` on the tiny model (bench/pollers.py's services,
-run, pinning and CPU accounting: bench/common.py). After a warm-up, on the same run: a
+run, pinning and CPU accounting: bench/kit/under_load.py). After a warm-up, on the same run: a
 phase without load, one with the watchers, one without, one with the conditional pollers,
 one without. Each loaded phase's median step time is compared with the mean of the two
 phases around it. Then, the run stopped, conditional GETs one at a time: the API's CPU per
@@ -38,7 +38,6 @@ import array
 import asyncio
 import bisect
 import collections
-import contextlib
 import dataclasses
 import itertools
 import json
@@ -48,8 +47,6 @@ import os
 import platform
 import random
 import resource
-import shutil
-import sys
 import tempfile
 import threading
 import time
@@ -58,58 +55,55 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import kit
 import pollers
-import psutil
-from common import (
-    OUT,
-    PG_REFUSED,
-    BenchError,
-    ClientFleet,
-    Phase,
-    Pinner,
-    Roles,
-    RunUnderLoad,
-    Server,
+from kit import OUT, log
+from kit.load import ClientFleet, window_cpu
+from kit.machine import (
+    loadavg,
+    package_versions,
+    trainyard_version,
+    wait_for_other_load,
+    wait_for_quiet,
+)
+from kit.processes import Server, rss_bytes, stop_on_exit
+from kit.report import (
     add_output_arg,
-    add_run_under_load_args,
-    add_trainyard_args,
-    assign_steps,
-    bench_query,
-    clear_redis_prefix,
-    command_line,
-    compare_steps,
-    cpu_usage,
-    drop_database,
     fmt_ms,
     fmt_pct,
-    idle_phase,
-    letters_run,
-    loadavg,
-    log,
-    machine_description,
-    model_for,
-    package_versions,
-    pg_query,
-    pin_cpus,
+    markers,
     quantile,
+    report_head,
+    utc_now,
+    verdict,
+    write_section,
+    written_by,
+)
+from kit.stores import PG_REFUSED, bench_query, pg_version
+from kit.trainyard import add_trainyard_args, model_for
+from kit.under_load import (
+    Phase,
+    Roles,
+    RunUnderLoad,
+    add_run_under_load_args,
+    args_json,
+    assign_steps,
+    compare_steps,
+    cpu_usage,
+    cpus_json,
+    idle_phase,
+    one_at_a_time,
+    phases_json,
     render_cpu,
     render_steps,
     resolve_pin,
     snapshot,
-    stop_on_exit,
-    trainyard_version,
-    utc_now,
-    verdict,
-    wait_for_other_load,
-    wait_for_quiet,
     watch,
-    write_section,
 )
 
 from app.events import sse
 
-MARK_START = "<!-- watchers:start -->"
-MARK_END = "<!-- watchers:end -->"
+MARK_START, MARK_END = markers("watchers")
 DB_NAME = "bench_watchers"
 CHANNEL = "trainyard_run_events"  # app/events/fanout.py; migration 0010 notifies it
 TARGET_DELIVERY_P99_MS = 500.0
@@ -236,14 +230,7 @@ async def _watch(cfg: WatcherConfig, conn: mpc.Connection) -> WatcherResult:
             closes[why] += 1
             await asyncio.sleep(retry if retry is not None else sse.RETRY_MS / 1000)
 
-    async def window_cpu() -> tuple[float, float]:
-        await asyncio.sleep(max(0.0, start_at - time.time()))
-        r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.time()
-        await asyncio.sleep(max(0.0, end_at - time.time()))
-        r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.time()
-        return (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime), w1 - w0
-
-    cpu_task = asyncio.create_task(window_cpu())
+    cpu_task = asyncio.create_task(window_cpu(start_at, end_at))
     tasks = [asyncio.create_task(watcher(n)) for n in range(cfg.watchers)]
     await asyncio.sleep(max(0.0, stop_at - time.time()))
     for task in tasks:
@@ -353,11 +340,9 @@ class RssSampler(threading.Thread):
 
     def run(self) -> None:
         while not self.stopping.wait(self.every):
-            rss = 0
-            for pid in self.roles.pids("api"):
-                with contextlib.suppress(psutil.Error):
-                    rss += psutil.Process(pid).memory_info().rss
-            self.samples.append((time.time(), rss))
+            with self.roles.lock:
+                roots = list(self.roles.roots["api"])
+            self.samples.append((time.time(), rss_bytes(*roots)))
 
     def window(self, start: float, end: float) -> dict[str, float]:
         inside = [b for t, b in self.samples if start <= t <= end]
@@ -388,12 +373,7 @@ def event_ids(services: RunUnderLoad, run_id: str, after: int) -> list[int]:
 
 
 def watcher_phase(
-    config: str,
-    args: argparse.Namespace,
-    services: RunUnderLoad,
-    roles: Roles,
-    pinner: Pinner | None,
-    run_id: str,
+    config: str, args: argparse.Namespace, services: RunUnderLoad, run_id: str
 ) -> tuple[Phase, dict[str, Any]]:
     """The watchers for --duration s (after --ramp s of connecting): the phase, and what
     the database and the commit clock say about the span they subscribed to."""
@@ -401,6 +381,7 @@ def watcher_phase(
         f"{config}: {WATCHERS}, {args.watchers} SSE streams in {args.client_procs} process(es),"
         f" {args.duration:g} s (+{args.ramp:g} s connecting, +{args.drain:g} s drain)"
     )
+    roles = services.roles
     clock = CommitClock(services.db_url)
     fleet: WatcherFleet | None = None
     try:
@@ -411,8 +392,8 @@ def watcher_phase(
         fleet = WatcherFleet(args, services, run_id, after)
         with roles.lock:
             roles.roots["clients"] = [*clock.pids, *fleet.pids]
-        if pinner is not None:
-            pinner.apply()
+        if services.pinner is not None:
+            services.pinner.apply()
         start_at = fleet.start(ready_timeout=args.start_timeout, lead=0.5 + args.ramp)
         end_at = start_at + args.duration
         time.sleep(max(0.0, start_at - time.time()))
@@ -530,7 +511,7 @@ COST_PATHS = {
 
 
 def not_modified_cost(
-    services: RunUnderLoad, roles: Roles, run_id: str, args: argparse.Namespace
+    services: RunUnderLoad, run_id: str, args: argparse.Namespace
 ) -> dict[str, dict[str, float]]:
     """The run stopped: each conditional URL ``--cost-requests`` times one at a time with
     the ETag of its last answer (all 304), then without it (200s, read from the database);
@@ -553,25 +534,13 @@ def not_modified_cost(
             tag = r.headers.get("etag", "")
             headers = {"If-None-Match": tag} if conditional else {}
             want = 304 if conditional else 200
-            statuses: collections.Counter[int] = collections.Counter()
-            times = []
-            a = snapshot(roles)
-            for _ in range(n):
-                t0 = time.perf_counter()
-                r = client.get(url, headers=headers)
-                times.append((time.perf_counter() - t0) * 1e3)
-                statuses[r.status_code] += 1
-            b = snapshot(roles)
-            use = cpu_usage(a, b)
-            wall = b.t - a.t
+            cost, statuses = one_at_a_time(
+                services.roles, n, lambda url=url, headers=headers: client.get(url, headers=headers)
+            )
             out[f"{key}_{want}"] = {
                 "requests": float(n),
                 "expected": float(statuses[want]),
-                "p50_ms": quantile(times, 0.5),
-                "p99_ms": quantile(times, 0.99),
-                "api_cpu_ms": use["api"] / 100 * wall / n * 1e3,
-                "pg_cpu_ms": use["pg_api"] / 100 * wall / n * 1e3,
-                "bytes": float(len(r.content)),
+                **cost,
             }
     return out
 
@@ -613,13 +582,11 @@ def render_section(
         MARK_START,
         "## Watchers: live streams and conditional polls while a run trains",
         "",
-        "Written by `bench/watchers.py` (see `bench/README.md`); rerun it rather than editing"
-        " this section. Issue 15, the watchers benchmark (replacing scenario 14's targets).",
+        written_by(
+            "watchers.py", " Issue 15, the watchers benchmark (replacing scenario 14's targets)."
+        ),
         "",
-        f"- Command: `{command_line('watchers.py')}`",
-        f"- Date: {started}",
-        f"- Machine: {machine_description()}",
-        "- Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()),
+        *report_head("watchers.py", started=started, versions=versions),
         "- Services: `trainyard api --workers 1` (one uvicorn process: one event hub, one"
         " LISTEN), one `trainyard worker --pool solo` with"
         f" `OMP_NUM_THREADS={args.torch_threads or 'default'}`, fresh database `{DB_NAME}`;"
@@ -929,22 +896,33 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-watchers-"))
     servers: list[Server] = []
-    pinner: Pinner | None = None
+    services = RunUnderLoad(args, servers, home, name="watchers", db_name=DB_NAME)
     rss: RssSampler | None = None
     versions: dict[str, str] = {"Trainyard": trainyard_version()}
-    cpus = pin_cpus(args)
-    pg_port = urllib.parse.urlsplit(args.pg_url).port or 5432
-    roles = Roles(DB_NAME, pg_port)
-    db_created = False
     phases: list[Phase] = []
     span: dict[str, Any] = {}
     cost: dict[str, dict[str, float]] = {}
     run_id = ""
     config = "pinned" if args.pin else "unpinned"
     settings: dict[str, str] = {}
+
+    def measured(run_id: str) -> list[Phase]:
+        nonlocal span
+        phases = [idle_phase(config, "before", args.baseline, services, run_id)]
+        ph, span = watcher_phase(config, args, services, run_id)
+        phases += [ph, idle_phase(config, "between", args.baseline, services, run_id)]
+        if pargs is not None:
+            phases.append(
+                pollers.poller_phase(
+                    config, pargs, services, run_id, name=POLLERS, conditional=True
+                )
+            )
+            phases.append(idle_phase(config, "after", args.baseline, services, run_id))
+        return phases
+
     try:
         with stop_on_exit(servers):
-            versions["PostgreSQL"] = pg_query(args.pg_url, "SHOW server_version")[0] or "?"
+            versions["PostgreSQL"] = pg_version(args.pg_url)
             versions.update(
                 package_versions("torch", "transformers", "trl", "uvicorn", "fastapi", "asyncpg")
             )
@@ -952,98 +930,21 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_other_load(args.wait_others, "before starting")
             wait_for_quiet(args.settle_timeout)
             model = model_for(args, home)
-            services = RunUnderLoad(args, servers, home, name="watchers", db_name=DB_NAME)
-            db_created = True
             services.start(project="bench-watchers", api_workers=1, timeout=args.start_timeout)
-            assert services.api is not None and services.worker is not None
-            roles.roots["api"] = [services.api.proc.pid]
-            roles.roots["worker"] = [services.worker.proc.pid]
-            if cpus:
-                pinner = Pinner(roles, *cpus)
-                pinner.pin()
-                pinner.start()
-            rss = RssSampler(roles)
+            rss = RssSampler(services.roles)
             rss.start()
-            for attempt in range(args.retries + 1):
-                wait_for_other_load(args.wait_others, config)
-                body = letters_run(
-                    model,
-                    steps=args.max_steps,
-                    save_steps=args.max_steps + 1,
-                    name="bench-watchers",
-                )
-                run_id = str(services.create_run(body)["id"])
-                log(f"{config}: run {run_id}, waiting for its second step")
-                services.wait_for_step(run_id, 2, args.start_timeout)
-                log(f"{config}: warm-up, {args.warmup:g} s of training")
-                watch(time.time() + args.warmup, services, run_id)
-                if args.vacuum_analyze:
-                    log(f"{config}: VACUUM (ANALYZE) of {DB_NAME}")
-                    bench_query(services.db_url, "VACUUM (ANALYZE)")
-                phases = [idle_phase(config, "before", args.baseline, services, roles, run_id)]
-                ph, span = watcher_phase(config, args, services, roles, pinner, run_id)
-                phases += [
-                    ph,
-                    idle_phase(config, "between", args.baseline, services, roles, run_id),
-                ]
-                if pargs is not None:
-                    phases.append(
-                        pollers.poller_phase(
-                            config,
-                            pargs,
-                            services,
-                            roles,
-                            pinner,
-                            run_id,
-                            name=POLLERS,
-                            conditional=True,
-                        )
-                    )
-                    phases.append(
-                        idle_phase(config, "after", args.baseline, services, roles, run_id)
-                    )
-                overlap = sorted(set().union(*(p.overlap for p in phases)))
-                if not overlap or attempt == args.retries:
-                    break
-                log(
-                    f"{', '.join(overlap)} ran during the measurement; measuring again"
-                    f" ({attempt + 1} of {args.retries} retries)"
-                )
-                services.cancel_and_wait(run_id)
+            run_id, phases = services.measure(config, model, measured)
             status = services.cancel_and_wait(run_id)
             log(f"{config}: run {run_id} {status}")
             assign_steps(phases, services.step_seconds(run_id), services.step_events(run_id))
             if pargs is not None:
                 log(f"the CPU per 304: {args.cost_requests} conditional GETs per URL")
-                cost = not_modified_cost(services, roles, run_id, args)
-            settings |= {
-                "TRAINYARD_RATE_LIMIT_PER_SECOND": services.env["TRAINYARD_RATE_LIMIT_PER_SECOND"],
-                "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT": services.env[
-                    "TRAINYARD_MAX_ACTIVE_RUNS_PER_PROJECT"
-                ],
-                **{k: v for k, _, v in (e.partition("=") for e in args.api_env)},
-            }
-    except BenchError as e:
-        print(f"\nbench failed: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        print("\nbench interrupted; services stopped", file=sys.stderr)
-        return 130
+                cost = not_modified_cost(services, run_id, args)
+            settings |= services.settings()
     finally:
-        if pinner is not None:
-            pinner.stop()
         if rss is not None:
             rss.stop()
-        with contextlib.suppress(BenchError):
-            clear_redis_prefix(args.redis_url, args.broker_prefix)
-        if args.keep:
-            log(f"kept database {DB_NAME} and {home}")
-        else:
-            if db_created:
-                with contextlib.suppress(BenchError):
-                    log(f"dropping database {DB_NAME}")
-                    drop_database(args.pg_url, DB_NAME)
-            shutil.rmtree(home, ignore_errors=True)
+        services.close()
 
     assert rss is not None
     by = {p.name: p for p in phases}
@@ -1079,27 +980,17 @@ def main(argv: list[str] | None = None) -> int:
         )
     res["targets"] = targets
     others = [f"{p.name}: {', '.join(sorted(p.overlap))}" for p in phases if p.overlap]
-    section = render_section(args, pargs, phases, res, versions, started, cpus, others, settings)
+    section = render_section(
+        args, pargs, phases, res, versions, started, services.cpus, others, settings
+    )
     write_section(args.output, section, MARK_START, MARK_END)
     summary = {
         "started": started,
-        "args": {
-            k: v if isinstance(v, int | float | bool | list) else str(v)
-            for k, v in vars(args).items()
-        },
+        "args": args_json(args),
         "versions": versions,
-        "cpus": {"worker": sorted(cpus[0]), "rest": sorted(cpus[1])} if cpus else None,
+        "cpus": cpus_json(services.cpus),
         "other_load": others,
-        "phases": [
-            {
-                "name": p.name,
-                "seconds": p.end - p.start,
-                "steps": p.steps,
-                "cpu_pct": p.cpu,
-                "loadavg": p.loadavg,
-            }
-            for p in phases
-        ],
+        "phases": phases_json(phases),
         **res,
         "output": str(args.output),
     }
@@ -1113,4 +1004,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    kit.run(main)

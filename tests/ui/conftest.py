@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from tests.support.api_process import ApiProcess, api_process
+from tests.support.browser import CHROMIUM, launch
 from tests.support.database import (
     OwnDatabase,
     Tenant,
@@ -27,18 +28,6 @@ from tests.support.database import (
 )
 from tests.support.llm import ScriptedLLM, serve
 from tests.support.workers import FAST, Worker, spawn_worker, tiny_model  # noqa: F401
-
-CHROMIUM = Path(os.environ.get("TRAINYARD_CHROMIUM", "/usr/bin/chromium"))
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +94,7 @@ async def browser() -> AsyncIterator[Any]:
     from playwright.async_api import async_playwright
 
     async with async_playwright() as p:
-        b = await p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        b = await launch(p)
         try:
             yield b
         finally:
