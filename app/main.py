@@ -56,7 +56,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         url = database_url(settings)
         app.state.settings = settings
         app.state.policy = CodePolicy.from_settings(settings)  # a bad catalog stops the start
-        log.info("%s", app.state.policy.summary())
+        policy = app.state.policy
+        (log.warning if policy.refuses_every_run else log.info)("%s", policy.summary())
         engine = make_engine(url, pool_size=settings.db_pool_size)
         app.state.pg = await create_pool(url, size=settings.db_pool_size)
         app.state.engine = engine

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from app.catalog.policy import CodePolicy, RunRefused
+from app.catalog.policy import NAMING, CodePolicy, RunRefused
 from app.events import service as events
 from app.observability import prometheus
 from app.runs.lifecycle import leases
@@ -58,14 +58,10 @@ class AttemptEnded(Exception):
 SHUTTING_DOWN = threading.Event()
 
 
-# The columns of a run that name code, commands, hosts or folders (app.catalog.policy).
-_NAMING = ("model_name", "environment", "reward", "generator", "teacher", "grpo")
-
-
 def resolved(policy: CodePolicy, run: Run) -> Run:
     """``run`` checked against ``policy`` (RunRefused naming every refusal) and with its
     catalog names replaced in place (the object is detached from its session)."""
-    spec = {name: getattr(run, name) for name in _NAMING}
+    spec = {name: getattr(run, name) for name in NAMING}
     refusals = policy.refusals(spec, on_worker=True)
     if refusals:
         raise RunRefused(

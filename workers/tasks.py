@@ -46,7 +46,8 @@ def _start_maintenance(**_: object) -> None:
     global _maintenance
     runtime = get_runtime()
     settings = runtime.settings
-    log.info("%s", runtime.policy.summary())
+    policy = runtime.policy
+    (log.warning if policy.refuses_every_run else log.info)("%s", policy.summary())
     prometheus.start_worker_metrics(
         settings.worker_metrics_port, settings.metrics_token, settings.metrics_host
     )

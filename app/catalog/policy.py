@@ -37,6 +37,13 @@ from app.core.settings import Settings
 Mode = Literal["open", "catalog"]
 
 
+#: The fields of a run, body or stored row alike, that can name code, commands, hosts or
+#: folders: all that :meth:`CodePolicy.refusals` reads (and :meth:`~CodePolicy.resolve` may
+#: change); of ``grpo``, only :data:`GRPO_NAMING`.
+NAMING = ("model_name", "environment", "reward", "generator", "teacher", "grpo")
+GRPO_NAMING = ("vllm_server_url", "vllm_servers", "lora")
+
+
 @dataclass(frozen=True)
 class Refusal:
     """One thing a run names that the policy does not allow. ``field`` is the run body's
@@ -85,7 +92,18 @@ class CodePolicy:
             f"{len(c.endpoints)}, vLLM fleets {len(c.vllm_servers)}, model folders "
             f"{len(c.models.folders)}, hub ids {len(c.models.hub)}"
         )
-        return f"code policy {self.mode}; catalog {self.source or '(none)'}: {held}"
+        line = f"code policy {self.mode}; catalog {self.source or '(none)'}: {held}"
+        if self.refuses_every_run:
+            line += " (no model folder or hub id: every run will be refused until one is listed)"
+        return line
+
+    @property
+    def refuses_every_run(self) -> bool:
+        """Under ``catalog`` with no model folder or hub id, no run can name a model: what a
+        process started without its catalog says at start (a warning, not an error: the
+        API still serves every run it already has)."""
+        models = self.catalog.models
+        return not self.open and not (models.folders or models.hub)
 
     @property
     def open(self) -> bool:

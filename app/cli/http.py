@@ -31,6 +31,7 @@ ApiKey = Annotated[
         help="API key. Default: the key the running `trainyard up` made.",
     ),
 ]
+After = Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")]
 
 
 def auth(key: str) -> dict[str, str]:

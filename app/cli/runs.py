@@ -12,7 +12,7 @@ import typer
 from rich.console import Console
 
 from app.cli.common import CliError, Json, err, print_json, shown, table
-from app.cli.http import Api, ApiKey, ApiUrl
+from app.cli.http import After, Api, ApiKey, ApiUrl
 from app.cli.models import absolute_model_paths
 
 runs_app = typer.Typer(no_args_is_help=True, help="Training runs (over HTTP).")
@@ -59,7 +59,7 @@ def runs_create(
 def runs_list(
     status: Annotated[list[str] | None, typer.Option(help="Repeatable.")] = None,
     limit: Annotated[int, typer.Option(min=1)] = 20,
-    after: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    after: After = None,
     api_url: ApiUrl = None,
     api_key: ApiKey = None,
     as_json: Json = False,
@@ -185,7 +185,7 @@ def runs_follow(
 def runs_events(
     run_id: str,
     limit: Annotated[int, typer.Option(min=1)] = 50,
-    after: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    after: After = None,
     api_url: ApiUrl = None,
     api_key: ApiKey = None,
     as_json: Json = False,

@@ -14,7 +14,7 @@ import typer
 
 from app.cli.common import CliError, Json, err, print_json, shown, table
 from app.cli.export_options import ExportOptions, export_options
-from app.cli.http import Api, ApiKey, ApiUrl, problem_line
+from app.cli.http import After, Api, ApiKey, ApiUrl, problem_line
 
 trajectories_app = typer.Typer(
     no_args_is_help=True, help="A run's trajectories and the project's training data (over HTTP)."
@@ -47,7 +47,7 @@ def trajectories_list(
         int | None, typer.Option(min=0, help="Agent episodes with at least this many tool calls.")
     ] = None,
     limit: Annotated[int, typer.Option(min=1)] = 20,
-    after: Annotated[str | None, typer.Option(help="The next_cursor of a previous page.")] = None,
+    after: After = None,
     api_url: ApiUrl = None,
     api_key: ApiKey = None,
     as_json: Json = False,

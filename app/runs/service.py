@@ -20,7 +20,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
 
-from app.catalog.policy import CodePolicy
+from app.catalog.policy import GRPO_NAMING, NAMING, CodePolicy
 from app.core import idempotency
 from app.core.domain import NotFound
 from app.events import service as events
@@ -79,15 +79,8 @@ async def list_runs(
     return list((await session.execute(query)).scalars())
 
 
-# What of a run body names code, commands, hosts or folders: what the code policy reads.
-_NAMING: dict[str, IncEx | bool] = {
-    "model_name": True,
-    "environment": True,
-    "reward": True,
-    "generator": True,
-    "teacher": True,
-    "grpo": {"vllm_server_url", "vllm_servers", "lora"},
-}
+# What of a run body the code policy reads: the fields that can name code, hosts or folders.
+_NAMING: dict[str, IncEx | bool] = {**dict.fromkeys(NAMING, True), "grpo": set(GRPO_NAMING)}
 
 
 def check_policy(policy: CodePolicy, body: RunCreate) -> None:

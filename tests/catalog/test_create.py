@@ -13,7 +13,8 @@ import httpx
 import pytest
 import yaml
 
-from app.catalog.models import CatalogError, load_catalog
+from app.catalog.models import Catalog, CatalogError, load_catalog
+from app.catalog.policy import CodePolicy
 from app.core.settings import get_settings
 from tests.support.database import Tenant, app_on, client_of
 from tests.support.runs import run_body
@@ -269,3 +270,12 @@ def test_a_bad_catalog_stops_the_start_naming_where(tmp_path: Path) -> None:
     assert "endpoint: Extra inputs are not permitted" in said
     with pytest.raises(CatalogError, match="cannot be read"):
         load_catalog(tmp_path / "missing.yaml")
+
+
+def test_a_start_without_models_under_catalog_says_every_run_will_be_refused() -> None:
+    said = CodePolicy("catalog", Catalog()).summary()
+    assert said.startswith("code policy catalog; catalog (none): MCP servers 0")
+    assert said.endswith("every run will be refused until one is listed)")
+    listed = CodePolicy("catalog", Catalog.model_validate({"models": {"hub": ["Qwen/"]}}))
+    assert not listed.refuses_every_run and "refused" not in listed.summary()
+    assert not CodePolicy("open", Catalog()).refuses_every_run

@@ -11,7 +11,8 @@ from typing import Any
 
 from sqlalchemy import text
 
-from app.events.fanout import KEEP_ALIVE, EventHub, Subscription
+from app.events.fanout import EventHub, Subscription
+from app.events.sse import KEEP_ALIVE
 from tests.support.runs import run_body
 
 
