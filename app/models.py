@@ -7,6 +7,7 @@ from app.checkpoints.models import Checkpoint
 from app.core.idempotency import IdempotencyKey
 from app.datasets.models import Dataset, DatasetRow
 from app.events.models import RunEvent
+from app.gateway.models import Episode, EpisodeCall
 from app.inputs.models import TaskInput
 from app.metrics.models import MetricPoint
 from app.runs.models import Run
@@ -20,6 +21,8 @@ __all__ = [
     "Checkpoint",
     "Dataset",
     "DatasetRow",
+    "Episode",
+    "EpisodeCall",
     "IdempotencyKey",
     "MetricPoint",
     "Project",

@@ -7,6 +7,9 @@ then prints where the checkpoints are and the reward curve.
 `trainyard demo --agent` is the same path with the agent tiny model and an agent preset
 (`configs/runs/agent-calculator.yaml`): it also shows the SFT warm-up's loss and, every few
 steps, one episode of the step with its tool calls, read back through the public API.
+`trainyard demo --gateway` runs the same agent as a gateway run
+(`configs/runs/agent-gateway.yaml`), its episodes played by a harness in a process of its own
+(`examples/gateway/calculator.py`).
 """
 
 from __future__ import annotations
@@ -40,11 +43,19 @@ class Flavour:
     model: str  # the tiny model's folder under <home>/models
     tiny_model_args: tuple[str, ...]  # what `trainyard tiny-model` needs to build it
     agent: bool
+    harness: Path | None = None  # a gateway run's harness, started in a process of its own
 
 
 PLAIN = Flavour(Path("configs/runs/letters.yaml"), "tiny-llama", (), agent=False)
 AGENT = Flavour(
     Path("configs/runs/agent-calculator.yaml"), "tiny-llama-tools", ("--tools",), agent=True
+)
+GATEWAY = Flavour(
+    Path("configs/runs/agent-gateway.yaml"),
+    "tiny-llama-tools",
+    ("--tools",),
+    agent=True,
+    harness=Path("examples/gateway/calculator.py"),
 )
 
 
@@ -181,8 +192,7 @@ class AgentNarrator(Narrator):
             progress.console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: bool = False) -> int:
-    flavour = AGENT if agent else PLAIN
+def run_demo(port: int, preset: Path | None, overrides: list[str], flavour: Flavour = PLAIN) -> int:
     preset = preset or flavour.preset
     if not preset.is_file():
         console.print(f"[red]no preset at {preset}[/]: run the demo from the checkout")
@@ -211,6 +221,7 @@ def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: boo
         stdout=log_file,
         stderr=subprocess.STDOUT,
     )
+    harness: subprocess.Popen[bytes] | None = None
     try:
         key = _wait_up(home, up).api_key
         body = apply_overrides(load_preset(preset), [f"model_name={model}", *overrides])
@@ -223,6 +234,22 @@ def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: boo
                 return 1
             run = created.json()
             console.print(f"run [bold]{run['id']}[/] created; following its events")
+            if flavour.harness is not None:
+                harness_log = home / "logs" / "demo-harness.log"
+                console.print(
+                    f"its harness plays every episode in a process of its own: "
+                    f"{flavour.harness}; log: {harness_log}",
+                    soft_wrap=True,
+                    markup=False,
+                    highlight=False,
+                )
+                argv = [sys.executable, str(flavour.harness), "--url", base, "--key", str(key)]
+                harness = subprocess.Popen(
+                    [*argv, "--run", str(run["id"])],
+                    env=env,
+                    stdout=harness_log.open("ab"),
+                    stderr=subprocess.STDOUT,
+                )
             narrator = AgentNarrator(client, run) if flavour.agent else None
             run = follow(client, run, narrator, console=console)
             code = report(client, run)
@@ -234,6 +261,12 @@ def run_demo(port: int, preset: Path | None, overrides: list[str], *, agent: boo
         )
         return code
     finally:
+        if harness is not None and harness.poll() is None:
+            harness.terminate()
+            try:
+                harness.wait(10)
+            except subprocess.TimeoutExpired:
+                harness.kill()
         up.send_signal(signal.SIGTERM)
         try:
             up.wait(30)

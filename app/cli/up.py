@@ -261,7 +261,8 @@ def demo(
             exists=True,
             dir_okay=False,
             help="The run body. Default: `configs/runs/letters.yaml` "
-            "(`configs/runs/agent-calculator.yaml` with --agent).",
+            "(`configs/runs/agent-calculator.yaml` with --agent, "
+            "`configs/runs/agent-gateway.yaml` with --gateway).",
         ),
     ] = None,
     agent: Annotated[
@@ -272,10 +273,20 @@ def demo(
             "the calculator environment, one episode shown every few steps.",
         ),
     ] = False,
+    gateway: Annotated[
+        bool,
+        typer.Option(
+            "--gateway",
+            help="A gateway run: the calculator agent played by a harness in a process of "
+            "its own (examples/gateway/calculator.py, the plain openai SDK) through the "
+            "gateway.",
+        ),
+    ] = False,
     overrides: Annotated[list[str] | None, typer.Argument(help="Dotted overrides.")] = None,
 ) -> None:
     """Everything end to end: services, API, worker, the tiny model, a real training run
     created over HTTP and followed to the end."""
-    from app.cli.demo import run_demo
+    from app.cli.demo import AGENT, GATEWAY, PLAIN, run_demo
 
-    raise typer.Exit(run_demo(port, preset, overrides or [], agent=agent))
+    flavour = GATEWAY if gateway else AGENT if agent else PLAIN
+    raise typer.Exit(run_demo(port, preset, overrides or [], flavour))

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import jsonschema_rs
 import pytest
+from sqlalchemy import text
 
 from app.checkpoints import service as checkpoints
 from app.metrics import service as metrics
@@ -46,6 +47,9 @@ class World:
     trajectory: str
     webhook: str
     doomed_webhook: str
+    # A run with an episode waiting to be claimed, and claimed episodes with their tokens.
+    gateway_run: str = ""
+    episodes: dict[str, tuple[str, str]] = field(default_factory=dict)
 
 
 def _calls(w: World) -> dict[str, Call]:
@@ -87,7 +91,29 @@ def _calls(w: World) -> dict[str, Call]:
         "delete_webhook": Call("DELETE", f"/webhooks/{w.doomed_webhook}"),
         "get_catalog": Call("GET", "/catalog"),
         "get_me": Call("GET", "/me"),
+        "claim_episodes": Call(
+            "POST", f"/runs/{w.gateway_run}/episodes/claim", json={"max": 1, "wait_seconds": 0}
+        ),
+        "list_episodes": Call("GET", f"/runs/{w.gateway_run}/episodes", {"limit": 1}),
+        "get_episode": Call("GET", f"/episodes/{_episode(w, 'read')[0]}", {"tokens": "true"}),
+        "finish_episode": _with_token(w, "finish", json={"reward": 0.5, "metrics": {"turns": 2}}),
+        "fail_episode": _with_token(w, "fail", json={"error": "the sandbox died"}),
     }
+
+
+def _episode(w: World, use: str) -> tuple[str, str]:
+    return w.episodes.get(use, (str(uuid.uuid4()), "tye_none"))
+
+
+def _with_token(w: World, verb: str, json: Any) -> Call:
+    """A call to an episode route with the episode's token (not the project's key)."""
+    episode, token = _episode(w, verb)
+    return Call(
+        "POST",
+        f"/episodes/{episode}/{verb}",
+        json=json,
+        headers={"Authorization": f"Bearer {token}"},
+    )
 
 
 _WEBHOOK = {"url": "http://93.184.215.14/hook", "event_types": ["run.completed"]}
@@ -209,7 +235,33 @@ async def world(client: httpx.AsyncClient, tenant: Any, sessionmaker: Any) -> Wo
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
+    gateway_run = await create(environment={"type": "gateway"})
+    async with sessionmaker() as s:
+        await s.execute(
+            text(
+                """INSERT INTO episodes (id, run_id, phase, step, slot, group_index,
+                       rollout_index, prompt, context, status, attempt, issued, max_issues,
+                       max_calls, timeout_seconds, calls, metrics)
+                   SELECT gen_random_uuid(), :run, 'train', 1, n, 0, n,
+                          '[{"role": "user", "content": "hi"}]', '{}', 'pending', 1, 0, 3, 8,
+                          60, 0, '{}'
+                     FROM generate_series(0, 3) AS n"""
+            ),
+            {"run": uuid.UUID(gateway_run)},
+        )
+        await s.commit()
+    claim = await client.post(
+        f"/runs/{gateway_run}/episodes/claim",
+        json={"max": 3, "wait_seconds": 0},
+        headers=tenant.headers,
+    )
+    assert claim.status_code == 200, claim.text
+    claimed = [(e["id"], e["token"]) for e in claim.json()["episodes"]]
+    assert len(claimed) == 3, claim.text
+
     return World(
+        gateway_run=gateway_run,
+        episodes=dict(zip(["read", "finish", "fail"], claimed, strict=True)),
         run=run,
         pausable=await create(),
         paused=paused,
@@ -223,7 +275,7 @@ async def world(client: httpx.AsyncClient, tenant: Any, sessionmaker: Any) -> Wo
 
 async def test_every_operation_has_a_case(client: httpx.AsyncClient) -> None:
     doc = (await client.get("/openapi.json")).json()
-    fake = World(*(str(uuid.uuid4()) for _ in range(8)))
+    fake = World(*(str(uuid.uuid4()) for _ in range(9)))
     assert set(_operations(doc)) == set(_calls(fake))
 
 
@@ -281,7 +333,11 @@ async def test_every_refusal_validates_against_the_document(
             _check(doc, op, await _send(client, call, {}))
             checked += 1
         if "{" in path:
-            missing = Call(call.method, path.format(**dict.fromkeys(_names(path), unknown)))
+            missing = Call(
+                call.method,
+                path.format(**dict.fromkeys(_names(path), unknown)),
+                headers=call.headers,  # an episode route's token: it opens another episode
+            )
             r = await _send(client, missing, tenant.headers)
             assert r.status_code == 404, (operation_id, r.text)
             _check(doc, op, r)

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import text
 
 from tests.support.runs import add_trajectories, run_body
 
@@ -17,12 +18,15 @@ PUBLIC = {"/healthz", "/readyz"}
 
 
 async def _openapi_operations(client: httpx.AsyncClient) -> list[tuple[str, str, dict[str, Any]]]:
+    """Every operation an API key opens. (An episode's finish and fail take that episode's
+    token instead, which opens nothing else: tests/gateway/test_gateway_run.py.)"""
     doc = (await client.get("/openapi.json")).json()
     return [
         (method.upper(), path, op)
         for path, item in doc["paths"].items()
         for method, op in item.items()
         if method in {"get", "post", "put", "patch", "delete"}
+        and {"EpisodeToken": []} not in op.get("security", [])
     ]
 
 
@@ -43,7 +47,21 @@ async def _owned_ids(client: httpx.AsyncClient, owner: Any, sessionmaker: Any) -
         headers=owner.headers,
     )
     assert webhook.status_code == 201, webhook.text
+    async with sessionmaker() as s:  # an episode waiting to be claimed
+        episode = uuid.uuid4()
+        await s.execute(
+            text(
+                """INSERT INTO episodes (id, run_id, phase, step, slot, group_index,
+                       rollout_index, prompt, context, status, attempt, issued, max_issues,
+                       max_calls, timeout_seconds, calls, metrics)
+                   VALUES (:id, :run, 'train', 1, 0, 0, 0, '[]', '{}', 'pending', 1, 0, 3, 8,
+                           60, 0, '{}')"""
+            ),
+            {"id": episode, "run": uuid.UUID(run["id"])},
+        )
+        await s.commit()
     return {
+        "episode_id": str(episode),
         "run_id": run["id"],
         "dataset_id": dataset.json()["id"],
         "trajectory_id": trajectory["id"],
@@ -107,6 +125,7 @@ async def test_every_route_needs_a_live_key(
     ids = {"run_id": str(uuid.uuid4()), "dataset_id": str(uuid.uuid4())}
     ids["trajectory_id"] = str(uuid.uuid4())
     ids["webhook_id"] = str(uuid.uuid4())
+    ids["episode_id"] = str(uuid.uuid4())
     for method, path, _ in await _openapi_operations(client):
         if path in PUBLIC:
             continue

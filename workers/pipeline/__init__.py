@@ -43,14 +43,14 @@ async def run_pipeline(ctx: RunContext) -> None:
     await asyncio.to_thread(
         check_model,
         spec.model_name,
-        tools=spec.environment is not None,
+        tools=spec.environment is not None and spec.environment.type != "gateway",
         sft=spec.sft is not None,
     )
     check_trackers(spec.grpo.report_to)
     await asyncio.to_thread(check_engine, spec.grpo, spec.model_name)  # servers: over HTTP
     check_distributed(spec.grpo.distributed)
     environment = None
-    if spec.environment is not None:
+    if spec.environment is not None and spec.environment.type != "gateway":
         from workers.environments import load_environment
 
         # Imports, constructors, tool schemas, an MCP server: all before the first step.

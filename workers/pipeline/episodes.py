@@ -26,7 +26,7 @@ from workers.environments.safety import CallRecord
 class Episode:
     messages: list[dict[str, Any]]  # the completion: from the first assistant message on
     final: str  # the last assistant message's content: the episode's answer
-    counts: dict[str, int]
+    counts: dict[str, Any]  # turns, tool calls (a gateway episode's: its calls, ids, ...)
     failure: str | None = None  # why the environment failed under the episode
 
     @property

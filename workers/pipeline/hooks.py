@@ -141,3 +141,15 @@ class AgentTrainer(GRPOTrainer):  # type: ignore[misc]
         out = super()._generate(prompts)
         self.last_tool_mask = out[2]  # (prompt_ids, completion_ids, tool_mask, ...)
         return out
+
+
+class GatewayTrainer(GRPOTrainer):  # type: ignore[misc]
+    """TRL's GRPOTrainer, unchanged, keeping the rows of the batch it generates for: a
+    gateway run's rollout function makes an episode of each, and TRL hands it the prompts
+    only (workers/gateway/rollouts.py)."""
+
+    gateway_inputs: list[dict[str, Any]] = []
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
+        self.gateway_inputs = inputs
+        return super()._generate_and_score_completions(inputs)

@@ -170,7 +170,13 @@ def warm_up(
     staging = root / "sft" / "staging"
     staging.mkdir(parents=True, exist_ok=True)
     tokenizer = AutoTokenizer.from_pretrained(spec.model_name)
-    dataset = Dataset.from_list(_tokenize(tokenizer, chats, tool_schemas(factory)))
+    environment = spec.environment
+    tools = (
+        environment.tools  # a gateway run's: the tools its harness offers
+        if environment is not None and environment.type == "gateway"
+        else tool_schemas(factory)
+    )
+    dataset = Dataset.from_list(_tokenize(tokenizer, chats, tools))
     cuda = torch.cuda.is_available()
     config = SFTConfig(
         output_dir=str(staging),

@@ -116,11 +116,15 @@ class StepBridge:
         trainer_state: Any,
         environments: list[Any] | None = None,
         log_metric: Any = None,
+        gateway: list[dict[str, Any]] | None = None,
         **_: Any,
     ) -> list[float | None]:
         # Cancelled while generating: the generation was cut short; store none of it.
         self.ranks.check(self.ctx, pause_ok=False)
-        episodes = self._episodes(completions, environments)
+        if gateway is not None:  # a gateway run: each rollout an episode a harness played
+            episodes, environments = self._gateway_episodes(gateway)
+        else:
+            episodes = self._episodes(completions, environments)
         if episodes is None:
             texts = [c[-1]["content"] if isinstance(c, list) else str(c) for c in completions]
         else:
@@ -265,6 +269,22 @@ class StepBridge:
             episodes.build(c, env.records, mask, env.failure)
             for c, env, mask in zip(completions, environments, masks, strict=True)
         ]
+
+    @staticmethod
+    def _gateway_episodes(
+        gateway: list[dict[str, Any]],
+    ) -> tuple[list[episodes.Episode], list[Any]]:
+        """A gateway run's episodes as stored, and what its ``environment`` reward reads
+        (the harness's reward), from what its rollout function returned."""
+        from workers.gateway.rollouts import HarnessOutcome
+
+        return (
+            [
+                episodes.Episode(g["messages"], g["final"], g["metadata"], g["failure"])
+                for g in gateway
+            ],
+            [HarnessOutcome(g["reward"], g["failure"]) for g in gateway],
+        )
 
     # Each write commits its data with the phase change, fenced on the lease: one statement
     # each (app.runs.lifecycle.step_moves), since the trainer waits on none of them but

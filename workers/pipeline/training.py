@@ -156,7 +156,7 @@ def train(
     from trl import GRPOTrainer
 
     from workers.pipeline.callback import RunCallback
-    from workers.pipeline.hooks import AgentTrainer, stop_generating_when_cancelled
+    from workers.pipeline.hooks import AgentTrainer, GatewayTrainer, stop_generating_when_cancelled
     from workers.pipeline.trackers import tracker_callbacks
 
     grpo = spec.grpo
@@ -185,13 +185,20 @@ def train(
     agent: dict[str, Any] = {}
     if environment is not None:
         agent["environment_factory"] = environment.factory
-    rollouts = None
-    if grpo.engine == "vllm-server" and grpo.lora is not None:
+    rollouts: Any = None
+    trainer_class = AgentTrainer if environment is not None else GRPOTrainer
+    if spec.environment is not None and spec.environment.type == "gateway":
+        from workers.gateway.rollouts import GatewayRollouts
+
+        rollouts = GatewayRollouts(ctx, spec, _checkpoint_step(resume_from))
+        agent["rollout_func"] = rollouts
+        trainer_class = GatewayTrainer
+    elif grpo.engine == "vllm-server" and grpo.lora is not None:
         from workers.ml.vllm_server import ServerRollouts
 
         rollouts = ServerRollouts(str(spec.id), grpo, paths.root / "adapters", ranks)
         agent["rollout_func"] = rollouts
-    trainer = (AgentTrainer if environment is not None else GRPOTrainer)(
+    trainer = trainer_class(
         model=model or spec.model_name,
         reward_funcs=bridge,
         args=grpo_config(
@@ -251,6 +258,16 @@ def train(
         os.rename(staging, final)
         shutil.rmtree(paths.staging, ignore_errors=True)
     return final
+
+
+def _checkpoint_step(checkpoint: Path | None) -> int | None:
+    """The step a resumed attempt starts from (``checkpoint-N``); None: from the start."""
+    if checkpoint is None:
+        return 0
+    try:
+        return int(checkpoint.name.rpartition("-")[2])
+    except ValueError:
+        return None
 
 
 async def _start_collecting(ctx: RunContext) -> None:

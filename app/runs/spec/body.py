@@ -17,7 +17,7 @@ from app.core.columns import INT32_MAX
 from app.core.errors import inconsistent
 from app.core.limits import MAX_DATASET_ROWS, MAX_INPUT_CHARS, MAX_JSON_DEPTH
 from app.core.storable import NulFreeStr, RequestModel, StorableObject
-from app.runs.spec.environments import EnvironmentSpec, PythonEnvironment
+from app.runs.spec.environments import EnvironmentSpec, GatewayEnvironment, PythonEnvironment
 from app.runs.spec.grpo import GrpoSettings
 from app.runs.spec.rewards import FunctionReward, JudgeEndpoint, RewardSpec, RulerReward
 from app.runs.spec.sft import SftSettings
@@ -119,13 +119,15 @@ class RunCreate(RequestModel):
     environment: EnvironmentSpec | None = Field(
         default=None,
         description="Where the agent acts: tools it may call over several turns (built-in or "
-        "user functions, a python environment, an MCP server). Unset: one completion per "
+        "user functions, a python environment, an MCP server), or your own agent through the "
+        "gateway. Unset: one completion per "
         "rollout, no tools.",
     )
     reward: RewardSpec = Field(
         default_factory=lambda: RulerReward(type="ruler"),
         description="How rollouts are scored: RULER (default), RIM or reward functions (the "
-        "function 'environment': a python environment's own reward).",
+        "function 'environment': a python environment's own reward, or the reward a gateway "
+        "run's harness gives; the default of a gateway run).",
     )
     grpo: GrpoSettings = Field(
         default_factory=GrpoSettings, description="GRPO settings (the reference recipe's)."
@@ -168,10 +170,27 @@ class RunCreate(RequestModel):
         wants = isinstance(value, FunctionReward) and any(
             f.name == "environment" for f in value.functions
         )
-        if wants and not isinstance(info.data["environment"], PythonEnvironment):
+        if wants and not isinstance(
+            info.data["environment"], PythonEnvironment | GatewayEnvironment
+        ):
             raise inconsistent(
-                "the reward function 'environment' is a python environment's get_reward: "
-                "it needs an environment of type 'python'"
+                "the reward function 'environment' is a python environment's get_reward or "
+                "a gateway harness's reward: it needs an environment of type 'python' or "
+                "'gateway'"
+            )
+        return value
+
+    @field_validator("grpo")
+    @classmethod
+    def _gateway_engine(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
+        # A field validator, so the problem names body.grpo (environment comes first).
+        if isinstance(info.data.get("environment"), GatewayEnvironment) and (
+            value.engine != "transformers"
+        ):
+            raise inconsistent(
+                "a gateway run generates with engine 'transformers' for now (the worker that "
+                "trains the policy answers every call); the vLLM engines are not supported "
+                "yet: docs/gateway.md"
             )
         return value
 
@@ -205,6 +224,16 @@ class RunCreate(RequestModel):
         return self
 
     @model_validator(mode="after")
+    def _gateway_reward(self) -> RunCreate:
+        if isinstance(self.environment, GatewayEnvironment) and "reward" not in (
+            self.model_fields_set
+        ):  # the harness's reward, unless told otherwise
+            self.reward = FunctionReward.model_validate(
+                {"type": "function", "functions": [{"name": "environment"}]}
+            )
+        return self
+
+    @model_validator(mode="after")
     def _servers_hold_model_name(self) -> RunCreate:
         if self.grpo.engine != "vllm-server" or self.grpo.lora is None:
             return self
@@ -221,6 +250,8 @@ class RunCreate(RequestModel):
     @classmethod
     def _teacher_in_one_process(cls, value: Any, info: ValidationInfo) -> Any:
         # A field validator, so the problem names body.teacher (grpo comes first).
+        if value is not None and isinstance(info.data.get("environment"), GatewayEnvironment):
+            raise inconsistent("a gateway run's policy is the user's agent: it cannot be a teacher")
         grpo = info.data.get("grpo")
         if value is not None and grpo is not None and grpo.distributed.num_processes > 1:
             raise inconsistent(

@@ -4,7 +4,9 @@
 - ``python``: an environment object with tools, state per episode and its own reward (a
   built-in, or ``package.module:Class``), made from ``args`` and each input's context;
 - ``mcp``: the tools of an MCP server, started over stdio (``command``), reached over
-  streamable HTTP (``url``), or one of the operator's catalog (``server``).
+  streamable HTTP (``url``), or one of the operator's catalog (``server``);
+- ``gateway``: the user's own agent, a harness outside Trainyard that plays each episode
+  through the run's OpenAI-compatible gateway (docs/gateway.md) and gives its reward.
 
 Every kind bounds an episode the same way: ``max_turns`` tool-calling rounds (TRL's
 ``max_tool_calling_iterations``), a timeout per call and a cap on each result's length.
@@ -285,6 +287,43 @@ class McpEnvironment(_Episode):
         return _no_repeats(value, "tools")
 
 
+class GatewayEnvironment(Strict):
+    """The user's own agent: each rollout is an episode a harness outside Trainyard plays
+    through the run's OpenAI-compatible gateway, token for token on the run's policy; the
+    harness's finish gives its reward (the ``environment`` reward function)."""
+
+    type: Literal["gateway"]
+    episode_timeout_seconds: float = Field(
+        default=300,
+        gt=0,
+        le=86_400,
+        description="How long a harness may hold an episode it claimed before it is taken "
+        "back and handed out again (its token stops working).",
+    )
+    max_issues: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="How many times an episode is handed out; one that is still unfinished "
+        "after that is dropped (no reward) and counted.",
+    )
+    max_calls: int = Field(
+        default=32,
+        ge=1,
+        le=1_000,
+        description="The most model calls one episode may make; a call beyond it is refused.",
+    )
+    tools: list[StorableObject] | None = Field(
+        default=None,
+        max_length=128,
+        description="The tools the harness offers the model, as OpenAI function tools "
+        "({type: function, function: {name, description, parameters}}), for an SFT "
+        "warm-up to render its demonstrations with, so warm-up and episodes see one prompt; "
+        "a harness may read them from the run. Unset: demonstrations without tool schemas.",
+    )
+
+
 EnvironmentSpec = Annotated[
-    ToolsEnvironment | PythonEnvironment | McpEnvironment, Field(discriminator="type")
+    ToolsEnvironment | PythonEnvironment | McpEnvironment | GatewayEnvironment,
+    Field(discriminator="type"),
 ]

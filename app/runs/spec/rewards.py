@@ -117,7 +117,8 @@ BUILTIN_REWARDS: dict[str, BuiltinReward] = {
         ),
         BuiltinReward(
             "environment",
-            "The environment's own reward (its get_reward), for runs with a python environment",
+            "The environment's own reward: a python environment's get_reward, a gateway harness's "
+            "reward",
             EnvironmentArgs,
         ),
     )

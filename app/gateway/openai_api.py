@@ -1,0 +1,276 @@
+"""Each episode's OpenAI-compatible endpoint: ``/gateway/episodes/{id}/v1``.
+
+``POST …/chat/completions`` (streamed or not) and ``GET …/models``, as the official SDKs
+call them, with the episode's token as the API key. Every answer comes from the run's
+policy on its engine, through the worker that holds the run (app/gateway/wire.py), and is
+recorded, with the engine's token ids, before it is sent. Errors are OpenAI's error object
+(``{"error": {"message", "type", "param", "code"}}``), so the SDKs raise their own
+exceptions; these routes are OpenAI's, not in /openapi.json.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from app.core.domain import Conflict, NotFound
+from app.gateway import service, tokens
+
+router = APIRouter(prefix="/gateway/episodes/{episode_id}/v1", include_in_schema=False)
+
+#: The longest a call waits for the policy beyond the episode's deadline guard.
+MAX_CALL_SECONDS = 600.0
+
+
+class ChatRequest(BaseModel):
+    """The Chat Completions parameters the gateway reads; others are accepted and kept."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=10_000)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=256)
+    tool_choice: str | dict[str, Any] | None = None
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    n: int | None = Field(default=None, ge=1, le=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+
+
+def openai_error(
+    status: int, message: str, *, type_: str, code: str | None = None, param: str | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": type_, "param": param, "code": code}},
+        status_code=status,
+    )
+
+
+def _token(request: Request, episode_id: uuid.UUID) -> str | JSONResponse:
+    header = request.headers.get("authorization", "")
+    scheme, _, value = header.partition(" ")
+    parsed = tokens.parse(value.strip()) if scheme.lower() == "bearer" else None
+    if parsed is None:
+        return openai_error(
+            401,
+            "Use the episode's token (tye_…) as the API key.",
+            type_="authentication_error",
+            code="invalid_api_key",
+        )
+    named, digest = parsed
+    if named != episode_id:
+        return openai_error(404, "Episode not found.", type_="not_found_error", code="not_found")
+    return digest
+
+
+def _domain_error(exc: Exception) -> JSONResponse:
+    if isinstance(exc, NotFound):
+        return openai_error(404, str(exc), type_="not_found_error", code="not_found")
+    return openai_error(409, str(exc), type_="conflict_error", code="episode_not_open")
+
+
+@router.get("/models")
+async def models(episode_id: uuid.UUID, request: Request) -> Response:
+    digest = _token(request, episode_id)
+    if isinstance(digest, JSONResponse):
+        return digest
+    row = await request.app.state.pg.fetchrow(
+        """SELECT r.model_name, extract(epoch FROM r.created_at)::bigint AS created
+             FROM episodes e JOIN runs r ON r.id = e.run_id
+            WHERE e.id = $1 AND e.token_hash = $2""",
+        episode_id,
+        digest,
+    )
+    if row is None:
+        return openai_error(404, "Episode not found.", type_="not_found_error", code="not_found")
+    return JSONResponse(
+        {
+            "object": "list",
+            "data": [
+                {
+                    "id": row["model_name"],
+                    "object": "model",
+                    "created": row["created"],
+                    "owned_by": "trainyard",
+                }
+            ],
+        }
+    )
+
+
+@router.post("/chat/completions")
+async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
+    started = time.monotonic()
+    digest = _token(request, episode_id)
+    if isinstance(digest, JSONResponse):
+        return digest
+    try:
+        body = ChatRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        return openai_error(
+            400, f"{param}: {first['msg']}", type_="invalid_request_error", param=param
+        )
+    pg = request.app.state.pg
+    try:
+        opened = await service.open_call(pg, episode_id, digest)
+    except (NotFound, Conflict) as exc:
+        return _domain_error(exc)
+    asked = body.model_dump(exclude_none=True, exclude={"stream", "stream_options"})
+    if body.tool_choice == "none":
+        asked.pop("tools", None)
+    call_id = uuid.uuid4()
+    seconds = min(MAX_CALL_SECONDS, max(0.0, float(opened["seconds_left"])))
+    reply = await request.app.state.gateway.ask(
+        opened["run_id"],
+        {
+            "kind": "call",
+            "call_id": str(call_id),
+            "episode_id": str(episode_id),
+            "issue": opened["issued"],
+            "request": asked,
+        },
+        seconds,
+    )
+    if reply is None:
+        return openai_error(
+            504,
+            "The policy did not answer before the episode's deadline (is a worker training "
+            "the run?).",
+            type_="timeout_error",
+            code="policy_timeout",
+        )
+    if not reply.get("ok"):
+        status = int(reply.get("status", 500))
+        return openai_error(
+            status,
+            str(reply.get("message", "the engine failed")),
+            type_="invalid_request_error" if status < 500 else "server_error",
+        )
+    message = _message(reply["message"], call_id)
+    finish = "tool_calls" if message.get("tool_calls") else reply["finish_reason"]
+    usage = {
+        "prompt_tokens": len(reply["prompt_ids"]),
+        "completion_tokens": len(reply["completion_ids"]),
+        "total_tokens": len(reply["prompt_ids"]) + len(reply["completion_ids"]),
+    }
+    latency_ms = (time.monotonic() - started) * 1000
+    await service.record_call(
+        pg,
+        call_id=call_id,
+        episode_id=episode_id,
+        run_id=opened["run_id"],
+        issue=opened["issued"],
+        seq=opened["calls"],
+        request=asked,
+        reply=reply,
+        response={"message": message, "finish_reason": finish, "usage": usage},
+        latency_ms=latency_ms,
+    )
+    created = int(time.time())
+    model = body.model or "policy"
+    extension = {
+        "episode_id": str(episode_id),
+        "call_id": str(call_id),
+        "policy_version": reply["policy_version"],
+    }
+    headers = {"x-trainyard-policy-version": str(reply["policy_version"])}
+    if body.stream:
+        include_usage = bool((body.stream_options or {}).get("include_usage"))
+        return StreamingResponse(
+            _chunks(call_id, created, model, message, finish, usage, include_usage, extension),
+            media_type="text/event-stream",
+            headers=headers,
+        )
+    return JSONResponse(
+        {
+            "id": f"chatcmpl-{call_id.hex}",
+            "object": "chat.completion",
+            "created": created,
+            "model": model,
+            "system_fingerprint": f"policy-{reply['policy_version']}",
+            "choices": [
+                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+            ],
+            "usage": usage,
+            "trainyard": extension,
+        },
+        headers=headers,
+    )
+
+
+def _message(parsed: dict[str, Any], call_id: uuid.UUID) -> dict[str, Any]:
+    """The engine's parsed answer as OpenAI's assistant message."""
+    calls = [
+        {
+            "id": f"call_{call_id.hex[:16]}_{i}",
+            "type": "function",
+            "function": {
+                "name": c["name"],
+                "arguments": c["arguments"]
+                if isinstance(c["arguments"], str)
+                else json.dumps(c["arguments"]),
+            },
+        }
+        for i, c in enumerate(parsed.get("tool_calls") or [])
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.get("content") or None}
+    if calls:
+        message["tool_calls"] = calls
+    elif message["content"] is None:
+        message["content"] = ""
+    return message
+
+
+def _chunk(call_id: uuid.UUID, created: int, model: str, choices: list[Any], **extra: Any) -> bytes:
+    body = {
+        "id": f"chatcmpl-{call_id.hex}",
+        "object": "chat.completion.chunk",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        **extra,
+    }
+    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _chunks(
+    call_id: uuid.UUID,
+    created: int,
+    model: str,
+    message: dict[str, Any],
+    finish: str,
+    usage: dict[str, int],
+    include_usage: bool,
+    extension: dict[str, Any],
+) -> AsyncIterator[bytes]:
+    """The recorded answer as ``chat.completion.chunk`` events: the role, the content, each
+    tool call, the finish reason, then (with ``include_usage``) the usage."""
+
+    def choice(
+        delta: dict[str, Any], reason: Literal["stop", "length", "tool_calls"] | None = None
+    ) -> list[Any]:
+        return [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}]
+
+    yield _chunk(call_id, created, model, choice({"role": "assistant", "content": ""}))
+    if message.get("content"):
+        yield _chunk(call_id, created, model, choice({"content": message["content"]}))
+    for i, call in enumerate(message.get("tool_calls") or []):
+        yield _chunk(call_id, created, model, choice({"tool_calls": [{"index": i, **call}]}))
+    yield _chunk(call_id, created, model, choice({}, finish), trainyard=extension)  # type: ignore[arg-type]
+    if include_usage:
+        yield _chunk(call_id, created, model, [], usage=usage)
+    yield b"data: [DONE]\n\n"

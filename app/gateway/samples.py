@@ -1,0 +1,58 @@
+"""A finished episode's calls made into TRL's sample: prompt ids, completion ids, the
+sampled tokens' log-probabilities and the mask of what the policy sampled (``env_mask``).
+
+When every call's prompt extends the previous call's prompt and completion ids, the episode
+is one sequence: the first prompt, then each completion (trained) and the tokens between
+them (tool results, user turns: masked). When one does not (the harness edited its history,
+or the template renders the past differently), the episode is *split* there: TRL's batch
+holds one sample per rollout, so the sample is the last unbroken chain of calls (the rest
+is kept in the database, not trained on), and the episode's metadata says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StoredCall:
+    prompt_ids: list[int]
+    completion_ids: list[int]
+    logprobs: list[float]
+
+
+@dataclass
+class Sample:
+    prompt_ids: list[int]
+    completion_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    env_mask: list[int] = field(default_factory=list)
+    calls: int = 0  # the calls the sample holds
+    split: bool = False  # an earlier chain of calls is not in it
+
+    @property
+    def trained_tokens(self) -> int:
+        return sum(self.env_mask)
+
+
+def _start(call: StoredCall) -> Sample:
+    n = len(call.completion_ids)
+    return Sample(list(call.prompt_ids), list(call.completion_ids), list(call.logprobs), [1] * n, 1)
+
+
+def stitch(calls: list[StoredCall]) -> Sample:
+    """The episode's sample (``calls`` in order; at least one)."""
+    sample = _start(calls[0])
+    so_far = [*calls[0].prompt_ids, *calls[0].completion_ids]
+    for call in calls[1:]:
+        if call.prompt_ids[: len(so_far)] != so_far:
+            sample = _start(call)
+            sample.split = True
+        else:
+            between = call.prompt_ids[len(so_far) :]
+            sample.completion_ids += [*between, *call.completion_ids]
+            sample.logprobs += [0.0] * len(between) + list(call.logprobs)
+            sample.env_mask += [0] * len(between) + [1] * len(call.completion_ids)
+            sample.calls += 1
+        so_far = [*call.prompt_ids, *call.completion_ids]
+    return sample

@@ -1,0 +1,268 @@
+"""The gateway's work on the database: claims, finishes, failures, the recorded calls, and
+what the episode routes read. Plain asyncpg statements on the API's pool, one per action
+(a claim or a call is on every harness's hot path)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+
+from app.core.domain import Conflict, NotFound
+from app.gateway import tokens, wire
+from app.runs.lifecycle.status import TERMINAL
+
+
+class EpisodeNotFound(NotFound):
+    def __init__(self) -> None:
+        super().__init__("Episode", "Episode not found (or the token does not open it).")
+
+
+class EpisodeNotOpen(Conflict):
+    """The episode's claim is no longer the token's: it ended, or was taken back."""
+
+    code = "episode-not-open"
+
+
+_RUN = "SELECT status, model_name FROM runs WHERE id = $1 AND project_id = $2"
+
+# Claim up to $3 pending episodes of run $1, oldest first; $2: one new secret's hash each.
+_CLAIM = """
+    WITH picked AS (
+        SELECT id, row_number() OVER (ORDER BY created_at, slot) AS n
+          FROM (SELECT id, created_at, slot FROM episodes
+                 WHERE run_id = $1 AND status = 'pending'
+                 ORDER BY created_at, slot
+                 LIMIT $3 FOR UPDATE SKIP LOCKED) AS p
+    ), hashed AS (
+        SELECT picked.id, h.hash, picked.n
+          FROM picked JOIN unnest($2::text[]) WITH ORDINALITY AS h(hash, n) USING (n)
+    )
+    UPDATE episodes AS e
+       SET status = 'claimed', issued = e.issued + 1, calls = 0, token_hash = hashed.hash,
+           claimed_at = now(), deadline = now() + make_interval(secs => e.timeout_seconds)
+      FROM hashed
+     WHERE e.id = hashed.id
+    RETURNING e.id, e.phase, e.step, e.group_index, e.rollout_index, e.issued,
+              e.task_input_id, e.prompt, e.context, e.deadline, hashed.n
+"""
+
+_END = """
+    UPDATE episodes
+       SET status = $3, reward = $4, metrics = ($5::text)::jsonb, messages = ($6::text)::jsonb,
+           error = $7, token_hash = NULL, ended_at = now()
+     WHERE id = $1 AND token_hash = $2 AND status = 'claimed' AND deadline > now()
+    RETURNING run_id
+"""
+
+# A call opens: the claim must be the token's and live, and under max_calls.
+_CALL_OPENS = """
+    UPDATE episodes SET calls = calls + 1
+     WHERE id = $1 AND token_hash = $2 AND status = 'claimed' AND deadline > now()
+       AND calls < max_calls
+    RETURNING run_id, issued, calls,
+              extract(epoch FROM deadline - now()) AS seconds_left
+"""
+
+_WHY_NOT = """
+    SELECT status, token_hash = $2 AS ours, deadline > now() AS live, calls >= max_calls AS full,
+           max_calls
+      FROM episodes WHERE id = $1
+"""
+
+_RECORD = """
+    INSERT INTO episode_calls (id, episode_id, run_id, issue, seq, policy_version, request,
+                               response, prompt_ids, completion_ids, logprobs, latency_ms,
+                               generation_ms)
+    VALUES ($1, $2, $3, $4, $5, $6, ($7::text)::jsonb, ($8::text)::jsonb, $9, $10, $11, $12, $13)
+"""
+
+
+async def run_of(pg: asyncpg.Pool, run_id: uuid.UUID, project_id: uuid.UUID) -> asyncpg.Record:
+    row = await pg.fetchrow(_RUN, run_id, project_id)
+    if row is None:
+        raise NotFound("Run")
+    return row
+
+
+async def claim(pg: asyncpg.Pool, run_id: uuid.UUID, n: int) -> list[tuple[asyncpg.Record, str]]:
+    """Claim up to ``n`` pending episodes of the run: each with its new token."""
+    secrets_ = [tokens.new_secret() for _ in range(n)]
+    rows = await pg.fetch(_CLAIM, run_id, [tokens.digest(s) for s in secrets_], n)
+    return [(row, tokens.token(row["id"], secrets_[row["n"] - 1])) for row in rows]
+
+
+def run_is_over(status: str) -> bool:
+    return status in {s.value for s in TERMINAL}
+
+
+async def end(
+    pg: asyncpg.Pool,
+    episode_id: uuid.UUID,
+    token_hash: str,
+    *,
+    status: str,
+    reward: float | None = None,
+    metrics: dict[str, float] | None = None,
+    messages: list[dict[str, Any]] | None = None,
+    error: str | None = None,
+) -> uuid.UUID:
+    """End the token's claim of the episode (finished or failed); the run's id."""
+    run_id = await pg.fetchval(
+        _END,
+        episode_id,
+        token_hash,
+        status,
+        reward,
+        json.dumps(metrics or {}),
+        None if messages is None else json.dumps(messages),
+        error,
+    )
+    if run_id is None:
+        await why_not(pg, episode_id, token_hash)
+    return run_id
+
+
+async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> None:
+    """Raise what keeps the token's claim of the episode from acting: not found (or a token
+    of another episode), or not open any more."""
+    row = await pg.fetchrow(_WHY_NOT, episode_id, token_hash)
+    if row is None:
+        raise EpisodeNotFound()
+    if row["status"] in ("finished", "failed", "dropped"):
+        raise EpisodeNotOpen(f"The episode has ended ({row['status']}).")
+    if not row["ours"] or not row["live"]:
+        raise EpisodeNotOpen(
+            "The claim of this token was taken back at its deadline; the episode is handed "
+            "out again (claim it anew)."
+        )
+    if row["full"]:
+        raise EpisodeNotOpen(f"The episode has made its {row['max_calls']} calls (max_calls).")
+    raise EpisodeNotOpen("The episode is not open.")
+
+
+async def open_call(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> asyncpg.Record:
+    """Count a call against the token's live claim: the run, issue, seq and seconds left."""
+    row = await pg.fetchrow(_CALL_OPENS, episode_id, token_hash)
+    if row is None:
+        await why_not(pg, episode_id, token_hash)
+    return row
+
+
+async def record_call(
+    pg: asyncpg.Pool,
+    *,
+    call_id: uuid.UUID,
+    episode_id: uuid.UUID,
+    run_id: uuid.UUID,
+    issue: int,
+    seq: int,
+    request: dict[str, Any],
+    reply: dict[str, Any],
+    response: dict[str, Any],
+    latency_ms: float,
+) -> None:
+    await pg.execute(
+        _RECORD,
+        call_id,
+        episode_id,
+        run_id,
+        issue,
+        seq,
+        int(reply["policy_version"]),
+        json.dumps(request),
+        json.dumps(response),
+        wire.pack_ids(reply["prompt_ids"]),
+        wire.pack_ids(reply["completion_ids"]),
+        wire.pack_floats(reply["logprobs"]),
+        latency_ms,
+        float(reply.get("generation_ms") or 0.0),
+    )
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+_EPISODE_COLUMNS = """e.id, e.run_id, e.phase, e.step, e.group_index, e.rollout_index,
+    e.task_input_id, e.status, e.attempt, e.issued, e.calls, e.reward, e.metrics, e.error,
+    e.deadline, e.created_at, e.ended_at"""
+
+
+def _decoded(row: asyncpg.Record) -> dict[str, Any]:
+    out = dict(row)
+    for key in ("metrics", "prompt", "context", "messages", "request", "response"):
+        if isinstance(out.get(key), str):
+            out[key] = json.loads(out[key])
+    return out
+
+
+async def list_episodes(
+    pg: asyncpg.Pool,
+    run_id: uuid.UUID,
+    *,
+    step: int | None,
+    status: str | None,
+    after: tuple[datetime, uuid.UUID] | None,
+    limit: int,
+) -> list[dict[str, Any]]:
+    """The run's episodes in keyset order (created_at, id), after the cursor's position."""
+    rows = await pg.fetch(
+        f"""SELECT {_EPISODE_COLUMNS} FROM episodes e
+             WHERE e.run_id = $1 AND ($2::int IS NULL OR e.step = $2)
+               AND ($3::text IS NULL OR e.status = $3)
+               AND ($4::timestamptz IS NULL OR (e.created_at, e.id) > ($4, $5::uuid))
+             ORDER BY e.created_at, e.id LIMIT $6""",
+        run_id,
+        step,
+        status,
+        after[0] if after else None,
+        after[1] if after else None,
+        limit,
+    )
+    return [_decoded(r) for r in rows]
+
+
+async def episode_detail(
+    pg: asyncpg.Pool, episode_id: uuid.UUID, project_id: uuid.UUID, *, with_tokens: bool
+) -> dict[str, Any]:
+    row = await pg.fetchrow(
+        f"""SELECT {_EPISODE_COLUMNS}, e.prompt, e.context, e.messages
+              FROM episodes e JOIN runs r ON r.id = e.run_id
+             WHERE e.id = $1 AND r.project_id = $2""",
+        episode_id,
+        project_id,
+    )
+    if row is None:
+        raise EpisodeNotFound()
+    calls = await pg.fetch(
+        """SELECT id, issue, seq, policy_version, request, response, prompt_ids,
+                  completion_ids, logprobs, latency_ms, generation_ms, created_at
+             FROM episode_calls WHERE episode_id = $1 ORDER BY issue, seq""",
+        episode_id,
+    )
+    call_log = []
+    for call in calls:
+        item = _decoded(call)
+        prompt_ids = wire.unpack_ids(item.pop("prompt_ids"))
+        completion_ids = wire.unpack_ids(item.pop("completion_ids"))
+        logprobs = wire.unpack_floats(item.pop("logprobs"))
+        item["prompt_tokens"] = len(prompt_ids)
+        item["completion_tokens"] = len(completion_ids)
+        if with_tokens:
+            item |= {
+                "prompt_ids": prompt_ids,
+                "completion_ids": completion_ids,
+                "logprobs": logprobs,
+            }
+        call_log.append(item)
+    return {**_decoded(row), "call_log": call_log}
+
+
+def json_list(value: Any) -> list[dict[str, Any]]:
+    return json.loads(value) if isinstance(value, str) else list(value or [])
+
+
+def json_object(value: Any) -> dict[str, Any]:
+    return json.loads(value) if isinstance(value, str) else dict(value or {})

@@ -1,0 +1,140 @@
+"""A gateway run end to end: a harness outside the worker (the Trainyard SDK, the ``openai``
+SDK) plays every episode through a real API process, a real worker answers its calls with
+the policy it trains, and what is trained is exactly what the engine sampled."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+import httpx
+import trainyard
+
+from app.gateway.samples import StoredCall, stitch
+from tests.support.runs import trajectory_keys
+from tests.support.workers import letter_rows, letters_run
+
+
+def gateway_run(model: Any, **overrides: Any) -> dict[str, Any]:
+    body = letters_run(model, **{"max_steps": 3, "rollouts_per_group": 4, **overrides})
+    body["environment"] = {"type": "gateway", "episode_timeout_seconds": 60}
+    body.pop("reward")  # the harness's reward: the default of a gateway run
+    return body
+
+
+async def two_turns(episode: trainyard.Episode) -> float:
+    """The harness: the input, then "Again." after the model's answer (the second call
+    streamed); the reward is the share of letters a in the last answer."""
+    client = episode.openai_client()
+    messages: list[Any] = episode.messages
+    first = await client.chat.completions.create(model="policy", messages=messages)
+    messages = [*messages, first.choices[0].message.model_dump(exclude_none=True)]
+    messages.append({"role": "user", "content": "Again."})
+    stream = await client.chat.completions.create(
+        model="policy", messages=messages, stream=True, stream_options={"include_usage": True}
+    )
+    text, usage = "", None
+    async for chunk in stream:
+        if chunk.choices and chunk.choices[0].delta.content:
+            text += chunk.choices[0].delta.content
+        usage = chunk.usage or usage
+    assert usage is not None and usage.completion_tokens >= 1
+    return text.count("a") / len(text) if text else 0.0
+
+
+async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engines(
+    tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    start_worker(**worker_home)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(gateway_run(tiny_model))
+        assert run.data["reward"]["functions"][0]["name"] == "environment"
+        await asyncio.wait_for(run.play(two_turns, concurrency=8), 300)
+        await run.refresh()
+    assert run.status == "completed", run.data.get("error")
+
+    # Every rollout stored once, each an episode the harness finished.
+    assert await trajectory_keys(sessionmaker, run.id) == letter_rows(3, groups=2, rollouts=4)
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        listed = (await http.get(f"/runs/{run.id}/episodes", params={"limit": 50})).json()
+        episodes = listed["data"]
+        assert len(episodes) == 24 and {e["status"] for e in episodes} == {"finished"}
+        detail = (
+            await http.get(f"/episodes/{episodes[5]['id']}", params={"tokens": "true"})
+        ).json()
+
+    # Two calls, the second continuing the first token for token: prompt ids extend the
+    # first prompt and completion, so the episode trains as one sequence.
+    first, second = detail["call_log"]
+    assert (first["seq"], second["seq"]) == (1, 2)
+    assert second["prompt_ids"][: len(first["prompt_ids"]) + len(first["completion_ids"])] == (
+        first["prompt_ids"] + first["completion_ids"]
+    )
+    assert len(first["logprobs"]) == len(first["completion_ids"])
+    assert all(lp <= 0 for lp in first["logprobs"] + second["logprobs"])
+    sample = stitch(
+        [StoredCall(c["prompt_ids"], c["completion_ids"], c["logprobs"]) for c in (first, second)]
+    )
+    assert not sample.split and sample.prompt_ids == first["prompt_ids"]
+    trained = [t for t, m in zip(sample.completion_ids, sample.env_mask, strict=True) if m]
+    assert trained == first["completion_ids"] + second["completion_ids"]
+    masked = len(sample.env_mask) - sum(sample.env_mask)
+    assert masked == len(second["prompt_ids"]) - len(first["prompt_ids"]) - len(
+        first["completion_ids"]
+    )
+    assert first["policy_version"] == detail["step"] - 1
+
+
+async def test_an_episode_token_opens_that_episode_only(
+    tenant, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    start_worker(**worker_home)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(gateway_run(tiny_model, max_steps=1))
+        claimed = []
+        async for episode in run.episodes(concurrency=2):
+            claimed.append(episode)
+            if len(claimed) == 2:
+                break
+        a, b = claimed
+        async with httpx.AsyncClient(base_url=api_server.url) as http:
+            # Another episode's routes, with a's token: not found.
+            other = await http.post(
+                f"/gateway/episodes/{b.id}/v1/chat/completions",
+                json={"model": "policy", "messages": [{"role": "user", "content": "hi"}]},
+                headers={"Authorization": f"Bearer {a.token}"},
+            )
+            assert other.status_code == 404 and other.json()["error"]["type"] == "not_found_error"
+            finish = await http.post(
+                f"/episodes/{b.id}/finish",
+                json={"reward": 1},
+                headers={"Authorization": f"Bearer {a.token}"},
+            )
+            assert finish.status_code == 404
+            # An API key is not an episode token; a run's routes take no episode token.
+            assert (
+                await http.post(
+                    f"/episodes/{a.id}/finish", json={"reward": 1}, headers=tenant.headers
+                )
+            ).status_code == 401
+            assert (
+                await http.get(f"/runs/{run.id}", headers={"Authorization": f"Bearer {a.token}"})
+            ).status_code == 401
+            # A forged token for the right episode: its secret does not match.
+            forged = f"tye_{uuid.UUID(a.id).hex}_not-the-secret"
+            assert (
+                await http.post(
+                    f"/episodes/{a.id}/finish",
+                    json={"reward": 1},
+                    headers={"Authorization": f"Bearer {forged}"},
+                )
+            ).status_code == 409
+            # Finished once; a second finish is a conflict.
+            await a.finish(reward=0.5)
+            again = await http.post(
+                f"/episodes/{a.id}/finish",
+                json={"reward": 1},
+                headers={"Authorization": f"Bearer {a.token}"},
+            )
+            assert again.status_code == 409 and "ended" in again.json()["detail"]

@@ -1,0 +1,287 @@
+"""Gateway calls answered by the policy in training (``grpo.engine: transformers``).
+
+Each call is an OpenAI chat request: messages (with tool calls and tool results), tools and
+sampling parameters. Its prompt is rendered with the model's chat template the way TRL
+renders one, except when it continues the episode's previous call: then the prompt is that
+call's prompt and completion ids, exactly as sampled, plus the new messages' tokens (TRL's
+own tool-loop rule, ``GRPOTrainer._get_tool_suffix_ids``), so a multi-turn episode is one
+sequence whose every sampled token is the engine's. The reply holds the engine's prompt ids,
+completion ids and the sampled tokens' log-probabilities (``log_softmax(logits /
+temperature)``, TRL's definition), and the message parsed by TRL's ``parse_response`` (tool
+calls by the chat template's response schema, as TRL parses them).
+
+Calls with the same sampling parameters are generated together: one left-padded
+``generate`` per group of parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+
+class BadCall(ValueError):
+    """A call the engine cannot answer as asked (its messages do not render, say)."""
+
+
+def _text(content: Any) -> str:
+    """A message's content as text: OpenAI's content parts joined."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
+    return str(content)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages as chat templates (and TRL) take them: text content, tool-call
+    arguments as objects, tool results named by their call's function."""
+    names: dict[str, str] = {}
+    out: list[dict[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "developer":
+            role = "system"
+        item: dict[str, Any] = {"role": role, "content": _text(message.get("content"))}
+        calls = []
+        for call in message.get("tool_calls") or []:
+            function = call.get("function") or {}
+            arguments = function.get("arguments")
+            if isinstance(arguments, str):
+                with contextlib.suppress(ValueError):  # else kept as the model wrote it
+                    arguments = json.loads(arguments) if arguments.strip() else {}
+            name = str(function.get("name", ""))
+            if call.get("id"):
+                names[str(call["id"])] = name
+            calls.append({"type": "function", "function": {"name": name, "arguments": arguments}})
+        if calls:
+            item["tool_calls"] = calls
+        if role == "tool":
+            item["name"] = message.get("name") or names.get(str(message.get("tool_call_id")), "")
+        out.append(item)
+    return out
+
+
+def same_history(a: list[dict[str, Any]], b: list[dict[str, Any]]) -> bool:
+    """Whether two template-ready message lists say the same (tool-call ids aside)."""
+    return a == b
+
+
+@dataclass
+class Call:
+    """One call to answer: what the API forwarded."""
+
+    call_id: str
+    episode_id: str
+    reply_to: str
+    request: dict[str, Any]
+    messages: list[dict[str, Any]]  # template-ready
+    tools: list[dict[str, Any]] | None
+    prompt_ids: list[int] | None = None
+    continued: bool = False  # the prompt extends the episode's previous call's ids
+
+
+class TransformersEngine:
+    """Answers calls with the trainer's model and TRL's generation settings."""
+
+    def __init__(self, trainer: Any, max_completion_length: int) -> None:
+        self.trainer = trainer
+        self.tokenizer = trainer.processing_class
+        self.max_completion_length = max_completion_length
+        self.eos = set(trainer.eos_token_ids)
+        self.pad = self.tokenizer.pad_token_id
+        # What closes an assistant turn in the template (ChatML's <|im_end|>, Llama's
+        # <|eot_id|>): the tokenizer's EOS.
+        self.end_of_turn = int(
+            self.tokenizer.eos_token_id
+            if self.tokenizer.eos_token_id is not None
+            else next(iter(self.eos))
+        )
+        if (
+            getattr(self.tokenizer, "response_template", None) is None
+            and getattr(self.tokenizer, "response_schema", None) is None
+        ):
+            from trl.chat_template_utils import add_response_schema
+
+            try:
+                add_response_schema(self.tokenizer)
+            except ValueError:  # a template TRL cannot parse tool calls of: text answers only
+                log.info("the chat template has no response schema: answers are text only")
+
+    # -- prompts -------------------------------------------------------------------------------
+    def _template(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
+        trainer = self.trainer
+        ids = self.tokenizer.apply_chat_template(
+            messages,
+            tools=tools or None,
+            chat_template=getattr(trainer, "chat_template", None),
+            add_generation_prompt=generation,
+            tokenize=True,
+            return_dict=False,
+            **(getattr(trainer, "chat_template_kwargs", None) or {}),
+        )
+        if ids and isinstance(ids[0], list):
+            ids = ids[0]
+        return [int(t) for t in ids]
+
+    def render(self, messages: list[dict[str, Any]], tools: Any) -> list[int]:
+        try:
+            return self._template(messages, tools, True)
+        except Exception as exc:  # the template's own error, whatever its type
+            raise BadCall(
+                f"the messages do not render with the model's chat template: {exc}"
+            ) from exc
+
+    def continuation(self, new: list[dict[str, Any]], tools: Any) -> list[int]:
+        """The ids of ``new`` messages (tool results, a user turn) and the next generation
+        prompt, as they follow an assistant turn that ended with EOS: TRL's rule."""
+        if new[0]["role"] == "tool":
+            dummy_calls = [
+                {"type": "function", "function": {"name": new[0]["name"], "arguments": {}}}
+            ]
+            assistant = {"role": "assistant", "content": "", "tool_calls": dummy_calls}
+        else:
+            assistant = {"role": "assistant", "content": "x"}
+        dummy = [{"role": "user", "content": "dummy"}, assistant]
+        prefix = self._template(dummy, tools, False)
+        full = self._template(dummy + new, tools, True)
+        ends = [i for i, t in enumerate(prefix) if t in self.eos]
+        if ends:
+            prefix = prefix[: ends[-1] + 1]
+        if full[: len(prefix)] != prefix:
+            raise BadCall("the chat template does not render the new messages after the last")
+        return full[len(prefix) :]
+
+    # -- generation ----------------------------------------------------------------------------
+    def answer(self, calls: list[Call], policy_version: int) -> list[dict[str, Any]]:
+        """Each call's reply, in order; calls with the same sampling parameters together."""
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, call in enumerate(calls):
+            groups.setdefault(self._key(call.request), []).append(i)
+        replies: list[dict[str, Any]] = [{}] * len(calls)
+        for key, members in groups.items():
+            started = time.monotonic()
+            outs = self._generate([calls[i] for i in members], key)
+            ms = (time.monotonic() - started) * 1000
+            for i, out in zip(members, outs, strict=True):
+                replies[i] = {**out, "policy_version": policy_version, "generation_ms": ms}
+        return replies
+
+    def _key(self, request: dict[str, Any]) -> tuple[Any, ...]:
+        args = self.trainer.args
+        asked = request.get("max_completion_tokens") or request.get("max_tokens")
+        limit = self.max_completion_length
+        stop = request.get("stop")
+        stops = tuple([stop] if isinstance(stop, str) else stop or ())
+        temperature = request.get("temperature")
+        top_p = request.get("top_p")
+        return (
+            min(int(asked), limit) if asked else limit,
+            float(args.temperature if temperature is None else temperature),
+            float(args.top_p if top_p is None else top_p),
+            stops,
+        )
+
+    def _generate(self, calls: list[Call], key: tuple[Any, ...]) -> list[dict[str, Any]]:
+        from trl.models.utils import unwrap_model_for_generation
+
+        max_new, temperature, top_p, stops = key
+        trainer = self.trainer
+        prompts = [c.prompt_ids or [] for c in calls]
+        width = max(len(p) for p in prompts)
+        pad = self.pad if self.pad is not None else next(iter(self.eos))
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        config = trainer.generation_config.__class__.from_dict(trainer.generation_config.to_dict())
+        config.max_new_tokens = max_new
+        greedy = temperature <= 0
+        config.do_sample = not greedy
+        if not greedy:
+            config.temperature = temperature
+            config.top_p = top_p
+        extra: dict[str, Any] = {}
+        if stops:
+            extra = {"stop_strings": list(stops), "tokenizer": self.tokenizer}
+        device = trainer.accelerator.device
+        with (
+            unwrap_model_for_generation(
+                trainer.model_wrapped,
+                trainer.accelerator,
+                gather_deepspeed3_params=trainer.args.ds3_gather_for_generation,
+            ) as model,
+            torch.no_grad(),
+        ):
+            out = model.generate(
+                input_ids=ids.to(device),
+                attention_mask=mask.to(device),
+                generation_config=config,
+                output_logits=True,
+                return_dict_in_generate=True,
+                **extra,
+            )
+        sequences = out.sequences[:, width:].cpu()
+        logits = torch.stack(out.logits, dim=1).float().cpu()  # (batch, new, vocab)
+        scale = temperature if temperature > 0 else 1.0
+        logps = torch.log_softmax(logits / scale, dim=-1)
+        chosen = logps.gather(-1, sequences.unsqueeze(-1)).squeeze(-1)
+        replies = []
+        for row, call in enumerate(calls):
+            tokens = sequences[row].tolist()
+            n, reason = self._cut(tokens, stops, max_new)
+            completion = tokens[:n]
+            replies.append(
+                {
+                    "prompt_ids": prompts[row],
+                    "completion_ids": completion,
+                    "logprobs": [round(float(x), 6) for x in chosen[row, :n].tolist()],
+                    "finish_reason": reason,
+                    "message": self._message(prompts[row], completion, call.tools, stops),
+                    "continued": call.continued,
+                }
+            )
+        return replies
+
+    def _cut(self, tokens: list[int], stops: tuple[str, ...], max_new: int) -> tuple[int, str]:
+        """Where the completion ends (the EOS kept, as TRL keeps it) and why."""
+        for i, t in enumerate(tokens):
+            if t in self.eos:
+                return i + 1, "stop"
+            if stops:
+                text = self.tokenizer.decode(tokens[: i + 1])
+                if any(s in text for s in stops):
+                    return i + 1, "stop"
+        n = len(tokens)
+        while n and tokens[n - 1] == self.pad and self.pad not in self.eos:
+            n -= 1
+        return n, "length" if n >= max_new else "stop"
+
+    def _message(
+        self, prompt: list[int], completion: list[int], tools: Any, stops: tuple[str, ...]
+    ) -> dict[str, Any]:
+        from trl.chat_template_utils import parse_response
+
+        try:
+            parsed = parse_response(self.tokenizer, completion, prefix=prompt, tools=tools)
+        except Exception:  # a completion the schema cannot read: its text, as TRL falls back
+            parsed = {"content": self.tokenizer.decode(completion, skip_special_tokens=True)}
+        content = parsed.get("content")
+        content = content if isinstance(content, str) else _text(content)
+        for stop in stops:
+            if stop in content:
+                content = content[: content.index(stop)]
+        calls = []
+        for call in parsed.get("tool_calls") or []:
+            function = call.get("function") or call
+            arguments = function.get("arguments", {})
+            calls.append({"name": str(function.get("name", "")), "arguments": arguments})
+        return {"content": content, "tool_calls": calls}

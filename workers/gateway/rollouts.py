@@ -1,0 +1,471 @@
+"""TRL's ``rollout_func`` of a gateway run: a step's rollouts are episodes that harnesses
+play through the API while this worker answers their model calls.
+
+For each batch TRL asks for (a training step, or an evaluation):
+
+1. *open*: one ``episodes`` row per rollout (group and rollout index, the input, the run's
+   prompt), unless a row is there already: a row a crashed attempt left is kept when it
+   ended and its calls came from the weights this attempt has now (the checkpoint it
+   resumed from); any other is handed out again. Then the API processes are told that
+   episodes wait (a Redis channel), and harnesses claim them.
+2. *serve*: pop the run's inbox (``app.gateway.wire``): calls are answered in batches by
+   the engine (workers/gateway/engine.py), with the episode's history kept so the next call
+   continues the last one's exact token ids; an episode that ended wakes the loop. Claims
+   past their deadline are taken back and handed out again, up to ``max_issues``, then the
+   episode is dropped. Cancel and a lost lease end the wait.
+3. *samples*: each episode's calls of its last claim, stitched into TRL's prompt ids,
+   completion ids, log-probabilities and ``env_mask`` (workers/gateway/samples.py); an
+   episode without a reward is a rollout that has none (the run's dropped rollouts).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from typing import Any
+
+import redis
+
+from app.core.embedded import redis_py_url
+from app.core.services import redis_url
+from app.gateway import wire
+from app.gateway.samples import Sample, StoredCall, stitch
+from app.runs.spec.environments import GatewayEnvironment
+from app.runs.spec.parsed import RunSpec
+from workers.context import RunContext
+from workers.gateway.engine import BadCall, Call, TransformersEngine, template_messages
+
+log = logging.getLogger(__name__)
+
+_OPEN_RESET = """
+    UPDATE episodes AS e
+       SET status = 'pending', attempt = $4, issued = 0, calls = 0, token_hash = NULL,
+           claimed_at = NULL, deadline = NULL, reward = NULL, metrics = '{}'::jsonb,
+           messages = NULL, error = NULL, ended_at = NULL
+     WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3 AND e.attempt <> $4
+       AND NOT (e.status IN ('finished', 'failed', 'dropped') AND $5
+                AND NOT EXISTS (SELECT 1 FROM episode_calls c
+                                 WHERE c.episode_id = e.id AND c.issue = e.issued
+                                   AND c.policy_version <> $6))
+       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = $1 AND r.lease_owner = $7
+                                          AND r.attempt = $4)
+"""
+
+_OPEN_INSERT = """
+    INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
+                          task_input_id, prompt, context, status, attempt, issued, max_issues,
+                          max_calls, timeout_seconds, calls, metrics)
+    SELECT gen_random_uuid(), $1, $2, $3, r.slot, r.group_index, r.rollout_index,
+           r.task_input_id, r.prompt, r.context, 'pending', $4, 0, $5, $6, $7, 0, '{}'::jsonb
+      FROM jsonb_to_recordset(($8::text)::jsonb)
+           AS r(slot int, group_index int, rollout_index int, task_input_id uuid,
+                prompt jsonb, context jsonb)
+     WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_owner = $9 AND attempt = $4)
+    ON CONFLICT (run_id, phase, step, slot) DO NOTHING
+"""
+
+_EXPIRE = """
+    UPDATE episodes
+       SET status = CASE WHEN issued >= max_issues THEN 'dropped' ELSE 'pending' END,
+           token_hash = NULL,
+           error = CASE WHEN issued >= max_issues
+                        THEN format('handed out %s times, never finished within %s s',
+                                    issued, timeout_seconds)
+                        ELSE error END,
+           ended_at = CASE WHEN issued >= max_issues THEN now() END
+     WHERE run_id = $1 AND phase = $2 AND step = $3 AND status = 'claimed'
+       AND deadline <= now()
+    RETURNING status
+"""
+
+_OPEN_STATE = """
+    SELECT count(*) FILTER (WHERE status IN ('pending', 'claimed')) AS open,
+           count(*) FILTER (WHERE status = 'pending') AS pending,
+           extract(epoch FROM min(deadline) FILTER (WHERE status = 'claimed') - now())
+               AS next_deadline
+      FROM episodes WHERE run_id = $1 AND phase = $2 AND step = $3
+"""
+
+_ENDED = """
+    SELECT e.id, e.slot, e.status, e.issued, e.reward, e.metrics, e.messages, e.error,
+           e.prompt,
+           coalesce(array_agg(c.prompt_ids ORDER BY c.seq) FILTER (WHERE c.id IS NOT NULL),
+                    '{}') AS prompts,
+           coalesce(array_agg(c.completion_ids ORDER BY c.seq) FILTER (WHERE c.id IS NOT NULL),
+                    '{}') AS completions,
+           coalesce(array_agg(c.logprobs ORDER BY c.seq) FILTER (WHERE c.id IS NOT NULL),
+                    '{}') AS logprobs,
+           coalesce(array_agg(c.request ORDER BY c.seq) FILTER (WHERE c.id IS NOT NULL),
+                    '{}') AS requests,
+           coalesce(array_agg(c.response ORDER BY c.seq) FILTER (WHERE c.id IS NOT NULL),
+                    '{}') AS responses,
+           coalesce(array_agg(c.policy_version ORDER BY c.seq) FILTER (WHERE c.id IS NOT NULL),
+                    '{}') AS versions
+      FROM episodes e
+      LEFT JOIN episode_calls c ON c.episode_id = e.id AND c.issue = e.issued
+     WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3
+     GROUP BY e.id
+     ORDER BY e.slot
+"""
+
+
+class HarnessOutcome:
+    """What the ``environment`` reward function reads for a gateway rollout: the reward the
+    harness gave (None: the rollout has none, and is dropped)."""
+
+    def __init__(self, reward: float | None, failure: str | None) -> None:
+        self.reward = reward
+        self.failure = failure
+        self.records: list[Any] = []
+
+    def _reward(self, completion: str, messages: list[dict[str, Any]]) -> float | None:
+        return self.reward
+
+
+class GatewayRollouts:
+    """TRL's ``rollout_func`` for a gateway run (see the module's docstring)."""
+
+    def __init__(self, ctx: RunContext, spec: RunSpec, resumed_at: int | None) -> None:
+        assert isinstance(spec.environment, GatewayEnvironment)
+        self.ctx = ctx
+        self.spec = spec
+        self.env = spec.environment
+        self.resumed_at = resumed_at  # the checkpoint's step this attempt started from
+        prefix = ctx.settings.broker_prefix
+        self.redis = redis.Redis.from_url(redis_py_url(redis_url(ctx.settings)))
+        self.inbox = wire.inbox(prefix, spec.id)
+        self.available = wire.available(prefix, spec.id)
+        self.engine: TransformersEngine | None = None
+        # Per claimed episode: the template messages and token ids its last call ended with.
+        self.history: dict[tuple[str, int], tuple[list[dict[str, Any]], list[int], Any]] = {}
+
+    def close(self) -> None:
+        self.redis.close()
+
+    # -- TRL's hook ------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        if self.engine is None:
+            self.engine = TransformersEngine(trainer, self.spec.grpo.max_completion_length)
+        rows = trainer.gateway_inputs
+        phase = "train" if trainer.model.training else "eval"
+        version = int(trainer.state.global_step)
+        step = version + 1 if phase == "train" else version
+        started = time.monotonic()
+        self._open(phase, step, version, prompts, rows)
+        self.redis.publish(self.available, b"1")
+        served = self._serve(phase, step, version)
+        episodes = self.ctx.runtime.run(self._ended(phase, step))
+        out = self._samples(episodes, prompts)
+        log.info(
+            "run %s: %s step %d: %d episodes ended, %d calls answered in %.2f s",
+            self.spec.id,
+            phase,
+            step,
+            len(episodes),
+            served,
+            time.monotonic() - started,
+        )
+        self.history.clear()
+        return out
+
+    # -- 1. open -------------------------------------------------------------------------------
+    def _open(
+        self, phase: str, step: int, version: int, prompts: list[Any], rows: list[dict[str, Any]]
+    ) -> None:
+        g = self.spec.rollouts_per_group
+        payload = [
+            {
+                "slot": i,
+                "group_index": i // g,
+                "rollout_index": i % g,
+                "task_input_id": row.get("input_id"),
+                "prompt": prompt,
+                "context": json.loads(row.get("context") or "{}") or {},
+            }
+            for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True))
+        ]
+        fence = self.ctx.fence
+        env = self.env
+        reusable = self.resumed_at is not None and version == self.resumed_at
+
+        async def open_rows() -> None:
+            async with self.ctx.runtime.pg() as conn, conn.transaction():
+                await conn.execute(
+                    _OPEN_RESET,
+                    self.spec.id,
+                    phase,
+                    step,
+                    fence.attempt,
+                    reusable,
+                    version,
+                    fence.owner,
+                )
+                await conn.execute(
+                    _OPEN_INSERT,
+                    self.spec.id,
+                    phase,
+                    step,
+                    fence.attempt,
+                    env.max_issues,
+                    env.max_calls,
+                    env.episode_timeout_seconds,
+                    json.dumps(payload),
+                    fence.owner,
+                )
+
+        self.ctx.runtime.run(open_rows())
+
+    # -- 2. serve ------------------------------------------------------------------------------
+    def _serve(self, phase: str, step: int, version: int) -> int:
+        """Answer calls until every episode of the batch has ended; the calls answered."""
+        answered = 0
+        refresh = True
+        wait = 0.0
+        while True:
+            self.ctx.check(pause_ok=False)
+            if refresh:
+                still_open, _, next_deadline, reissued = self.ctx.runtime.run(
+                    self._state(phase, step)
+                )
+                if not still_open:
+                    return answered
+                if reissued:
+                    self.redis.publish(self.available, b"1")
+                wait = 1.0 if next_deadline is None else min(1.0, max(0.05, next_deadline))
+                checked = time.monotonic()
+            popped = self.redis.blpop([self.inbox], timeout=wait)
+            messages = [popped[1]] if popped else []
+            if popped:
+                messages += self.redis.lpop(self.inbox, 255) or []
+            calls = []
+            ended = False
+            for raw in messages:
+                try:
+                    message = wire.loads(raw)
+                except ValueError:
+                    continue
+                if message.get("kind") == "call":
+                    calls.append(message)
+                else:
+                    ended = True
+            if calls:
+                answered += self._answer(calls, version)
+            refresh = ended or not popped or time.monotonic() - checked > 0.5
+
+    async def _state(self, phase: str, step: int) -> tuple[int, int, float | None, int]:
+        async with self.ctx.runtime.pg() as conn:
+            expired = await conn.fetch(_EXPIRE, self.spec.id, phase, step)
+            state = await conn.fetchrow(_OPEN_STATE, self.spec.id, phase, step)
+        reissued = sum(1 for r in expired if r["status"] == "pending")
+        deadline = state["next_deadline"]
+        return (
+            int(state["open"]),
+            int(state["pending"]),
+            None if deadline is None else float(deadline),
+            reissued,
+        )
+
+    def _answer(self, asks: list[dict[str, Any]], version: int) -> int:
+        assert self.engine is not None
+        calls: list[Call] = []
+        pipe = self.redis.pipeline()
+        for ask in asks:
+            request = ask.get("request") or {}
+            try:
+                call = Call(
+                    call_id=str(ask["call_id"]),
+                    episode_id=str(ask["episode_id"]),
+                    reply_to=str(ask["reply_to"]),
+                    request=request,
+                    messages=template_messages(list(request.get("messages") or [])),
+                    tools=request.get("tools") or None,
+                )
+                self._prompt(call, int(ask.get("issue", 0)))
+            except BadCall as exc:
+                self._reply(
+                    pipe,
+                    str(ask.get("reply_to")),
+                    {"ok": False, "status": 400, "message": str(exc)},
+                )
+                continue
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("run %s: a gateway call that does not parse: %s", self.spec.id, exc)
+                continue
+            call.request["_issue"] = int(ask.get("issue", 0))
+            calls.append(call)
+        if calls:
+            try:
+                replies = self.engine.answer(calls, version)
+            except Exception as exc:
+                for call in calls:
+                    self._reply(
+                        pipe, call.reply_to, {"ok": False, "status": 500, "message": str(exc)[:500]}
+                    )
+                pipe.execute()
+                raise
+            for call, reply in zip(calls, replies, strict=True):
+                self._remember(call, reply)
+                self._reply(pipe, call.reply_to, {"ok": True, **reply})
+        pipe.execute()
+        return len(calls)
+
+    def _reply(self, pipe: Any, key: str, body: dict[str, Any]) -> None:
+        pipe.rpush(key, wire.dumps(body))
+        pipe.expire(key, wire.REPLY_TTL_SECONDS)
+
+    def _prompt(self, call: Call, issue: int) -> None:
+        """The call's prompt ids: the episode's last ids and the new messages' when the call
+        continues the episode's last one (same history, same tools), else rendered whole."""
+        assert self.engine is not None
+        last = self.history.get((call.episode_id, issue))
+        if last is not None:
+            before, ids, tools = last
+            new = call.messages[len(before) :]
+            if (
+                call.messages[: len(before)] == before
+                and tools == call.tools
+                and new
+                and new[-1]["role"] != "assistant"
+            ):
+                call.prompt_ids = ids + self.engine.continuation(new, call.tools)
+                call.continued = True
+                return
+        call.prompt_ids = self.engine.render(call.messages, call.tools)
+
+    def _remember(self, call: Call, reply: dict[str, Any]) -> None:
+        """The episode's history after this call: its messages with the answer, and the
+        ids a next call continues from. A completion cut at its token limit did not end
+        its turn: the template's end of turn (EOS) follows it there, a token the policy did
+        not sample (masked, like a tool result)."""
+        assert self.engine is not None
+        ids = [*reply["prompt_ids"], *reply["completion_ids"]]
+        if not reply["completion_ids"] or ids[-1] not in self.engine.eos:
+            ids.append(self.engine.end_of_turn)
+        message = reply["message"]
+        assistant: dict[str, Any] = {"role": "assistant", "content": message["content"]}
+        if message["tool_calls"]:
+            assistant["tool_calls"] = [
+                {"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}}
+                for c in message["tool_calls"]
+            ]
+        self.history[(call.episode_id, call.request["_issue"])] = (
+            [*call.messages, assistant],
+            ids,
+            call.tools,
+        )
+
+    # -- 3. samples ----------------------------------------------------------------------------
+    async def _ended(self, phase: str, step: int) -> list[Any]:
+        async with self.ctx.runtime.pg() as conn:
+            return list(await conn.fetch(_ENDED, self.spec.id, phase, step))
+
+    def _samples(self, episodes: list[Any], prompts: list[Any]) -> dict[str, list[Any]]:
+        assert self.engine is not None
+        out: dict[str, list[Any]] = {
+            "prompt_ids": [],
+            "completion_ids": [],
+            "logprobs": [],
+            "env_mask": [],
+            "gateway": [],
+        }
+        if len(episodes) != len(prompts):
+            raise RuntimeError(f"{len(prompts)} rollouts asked, {len(episodes)} episodes found")
+        eos = next(iter(self.engine.eos))
+        for row, prompt in zip(episodes, prompts, strict=True):
+            calls = [
+                StoredCall(wire.unpack_ids(p), wire.unpack_ids(c), wire.unpack_floats(lp))
+                for p, c, lp in zip(
+                    row["prompts"], row["completions"], row["logprobs"], strict=True
+                )
+            ]
+            failure = _failure(row, calls)
+            if calls:
+                sample = stitch(calls)
+            else:  # nothing the policy sampled: a rollout without reward, trained on nothing
+                sample = Sample(
+                    self.engine.render(template_messages(prompt), None), [eos], [0.0], [0]
+                )
+            out["prompt_ids"].append(sample.prompt_ids)
+            out["completion_ids"].append(sample.completion_ids)
+            out["logprobs"].append(sample.logprobs)
+            out["env_mask"].append(sample.env_mask)
+            out["gateway"].append(_episode_view(row, sample, calls, prompt, failure))
+        return out
+
+
+def _failure(row: Any, calls: list[StoredCall]) -> str | None:
+    status = row["status"]
+    if status == "failed":
+        return f"the harness failed the episode: {row['error'] or 'no reason given'}"
+    if status == "dropped":
+        return str(row["error"])
+    if row["reward"] is None:
+        return "the harness finished the episode without a reward"
+    if not calls:
+        return "the harness finished the episode without calling the model"
+    return None
+
+
+def _conversation(row: Any, prompt: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The episode as stored with its trajectory: the harness's final messages if it sent
+    them, else its last call's messages and answer; what repeats the run's prompt left out."""
+    messages = row["messages"]
+    if isinstance(messages, str):
+        messages = json.loads(messages)
+    if not messages and row["requests"]:
+        last_request = row["requests"][-1]
+        last_response = row["responses"][-1]
+        if isinstance(last_request, str):
+            last_request = json.loads(last_request)
+            last_response = json.loads(last_response)
+        messages = [*last_request.get("messages", []), last_response.get("message", {})]
+    messages = list(messages or [])
+    n = 0
+    while (
+        n < len(prompt)
+        and n < len(messages)
+        and messages[n].get("role") == prompt[n]["role"]
+        and (messages[n].get("content") == prompt[n]["content"])
+    ):
+        n += 1
+    return messages[n:]
+
+
+def _episode_view(
+    row: Any,
+    sample: Sample,
+    calls: list[StoredCall],
+    prompt: list[dict[str, Any]],
+    failure: str | None,
+) -> dict[str, Any]:
+    metrics = row["metrics"]
+    if isinstance(metrics, str):
+        metrics = json.loads(metrics)
+    messages = _conversation(row, prompt)
+    final = ""
+    for message in reversed(messages):
+        if message.get("role") == "assistant":
+            content = message.get("content")
+            final = content if isinstance(content, str) else ""
+            break
+    versions = list(row["versions"])
+    return {
+        "episode_id": str(row["id"]),
+        "reward": None if failure else row["reward"],
+        "failure": failure,
+        "messages": messages,
+        "final": final,
+        "metadata": {
+            "episode_id": str(row["id"]),
+            "episode_status": row["status"],
+            "issues": int(row["issued"]),
+            "calls": len(calls),
+            "sequence": "split" if sample.split else "one",
+            "trained_calls": sample.calls,
+            "trained_tokens": sample.trained_tokens,
+            "masked_tokens": len(sample.env_mask) - sample.trained_tokens,
+            "policy_version": versions[-1] if versions else None,
+            **({"harness_metrics": metrics} if metrics else {}),
+        },
+    }
