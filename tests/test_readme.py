@@ -72,6 +72,16 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
         ("grpo",),
         "an agent run (environment) trains in one process",
     ),
+    "a gateway run on the vLLM engines": (
+        {"environment": {"type": "gateway"}, "grpo": {"engine": "vllm-colocate"}},
+        ("grpo",),
+        "a gateway run generates with engine 'transformers' for now",
+    ),
+    "the gateway's push mode": (
+        {"environment": {"type": "gateway", "mode": "push"}},
+        ("environment", "gateway", "mode"),
+        "Extra inputs are not permitted",
+    ),
 }
 
 

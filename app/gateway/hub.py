@@ -1,6 +1,7 @@
-"""One API process's link to the gateway's Redis: the lists calls travel on
-(app/gateway/wire.py), and one pattern subscription that wakes the claims waiting on a run
-when its worker says episodes wait (one connection for every waiting claim)."""
+"""One API process's link to the gateway's Redis (app/gateway/wire.py): one reply list of
+its own, read by one task that hands each answer to the call waiting for it, and one pattern
+subscription that wakes the claims waiting on a run when its worker says episodes wait. Two
+connections for every call and claim in flight, however many there are."""
 
 from __future__ import annotations
 
@@ -24,12 +25,16 @@ class GatewayHub:
         self.redis = redis.asyncio.from_url(redis_py_url(url))
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._task: asyncio.Task[None] | None = None
+        self._replies = wire.reply(prefix, uuid.uuid4())  # this process's
+        self._calls: dict[str, asyncio.Future[dict[str, Any]]] = {}
+        self._reader: asyncio.Task[None] | None = None
 
     async def aclose(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+        for task in (self._task, self._reader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
         await self.redis.aclose()
 
     # -- claims wait here ----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.core.domain import Conflict, NotFound
 from app.gateway import service, tokens
+from app.observability import prometheus
 
 router = APIRouter(prefix="/gateway/episodes/{episode_id}/v1", include_in_schema=False)
 
@@ -168,6 +169,12 @@ async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
         "total_tokens": len(reply["prompt_ids"]) + len(reply["completion_ids"]),
     }
     latency_ms = (time.monotonic() - started) * 1000
+    prometheus.GATEWAY_CALL_SECONDS.labels("total").observe(latency_ms / 1000)
+    prometheus.GATEWAY_CALL_SECONDS.labels("generation").observe(
+        float(reply.get("generation_ms") or 0.0) / 1000
+    )
+    prometheus.GATEWAY_TOKENS.labels("prompt").inc(usage["prompt_tokens"])
+    prometheus.GATEWAY_TOKENS.labels("completion").inc(usage["completion_tokens"])
     await service.record_call(
         pg,
         call_id=call_id,

@@ -30,6 +30,7 @@ from app.gateway.schemas import (
     FailBody,
     FinishBody,
 )
+from app.observability import prometheus
 
 router = APIRouter(tags=["gateway"])
 
@@ -94,6 +95,7 @@ async def claim_episodes(
         if claimed or left <= 0 or service.run_is_over(run["status"]):
             break
         await hub(request).wait_available(run_id, left)
+    prometheus.GATEWAY_EPISODES.labels("claimed").inc(len(claimed))
     return ClaimAnswer(
         run_status=run["status"],
         episodes=[
@@ -145,6 +147,7 @@ async def finish_episode(
         messages=body.messages,
     )
     await hub(request).ended(run_id, episode_id)
+    prometheus.GATEWAY_EPISODES.labels("finished").inc()
     return EpisodeEnded(id=episode_id, status=EpisodeStatus.finished)
 
 
@@ -162,6 +165,7 @@ async def fail_episode(
         request.app.state.pg, episode_id, token, status=EpisodeStatus.failed, error=body.error
     )
     await hub(request).ended(run_id, episode_id)
+    prometheus.GATEWAY_EPISODES.labels("failed").inc()
     return EpisodeEnded(id=episode_id, status=EpisodeStatus.failed)
 
 

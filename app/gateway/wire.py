@@ -5,7 +5,8 @@ Two Redis lists per run and one per call, on the broker every process already us
 - the run's *inbox*: the API pushes each call (``kind: call``) and each episode that ended
   (``kind: ended``, so the worker stops waiting for it); the worker holding the run pops
   them while its step collects, answering the calls in batches;
-- the call's *reply* list: the worker pushes one answer, the API pops it.
+- each API process's *reply* list: the worker pushes each answer (with its call's id) to
+  the list its call names, and one task of that process hands it to the waiting call.
 
 And one channel per run that says "episodes are waiting" to the API processes' claims.
 
@@ -23,7 +24,7 @@ import struct
 import uuid
 from typing import Any
 
-#: How long an answer waits in its reply list for an API process that went away.
+#: How long answers wait in a reply list whose API process went away.
 REPLY_TTL_SECONDS = 120
 
 
@@ -44,8 +45,9 @@ def available_pattern(prefix: str) -> str:
     return f"{prefix}trainyard:gateway:*:available"
 
 
-def reply(prefix: str, call_id: uuid.UUID | str) -> str:
-    return f"{prefix}trainyard:gateway:reply:{call_id}"
+def reply(prefix: str, process: uuid.UUID | str) -> str:
+    """An API process's reply list."""
+    return f"{prefix}trainyard:gateway:replies:{process}"
 
 
 def dumps(message: dict[str, Any]) -> bytes:

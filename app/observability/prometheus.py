@@ -144,6 +144,25 @@ LEASE_RENEWALS_FAILED = Counter(
     "error (the database did not answer).",
     ["reason"],
 )
+GATEWAY_EPISODES = Counter(
+    "trainyard_gateway_episodes",
+    "Gateway episodes by event: claimed, finished, failed (by the harness, in the API); "
+    "expired (a claim taken back at its deadline), dropped (never finished within max_issues) "
+    "(in the worker).",
+    ["event"],
+)
+GATEWAY_CALL_SECONDS = Histogram(
+    "trainyard_gateway_call_duration_seconds",
+    "One gateway model call as its harness waits for it (in the API), by part: total, or "
+    "generation (the engine's share).",
+    ["part"],
+    buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+GATEWAY_TOKENS = Counter(
+    "trainyard_gateway_tokens",
+    "Tokens of recorded gateway calls, by kind (prompt, completion).",
+    ["kind"],
+)
 
 
 # -- recording helpers (the hooks call these) ----------------------------------------------

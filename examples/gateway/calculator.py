@@ -15,6 +15,8 @@ import argparse
 import asyncio
 import json
 import logging
+import math
+import re
 from typing import Any
 
 import trainyard
@@ -30,17 +32,27 @@ TOOLS = {
 log = logging.getLogger("harness")
 
 
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def plain(x: float) -> str:
+    """7.0 → "7": what a person (and the warm-up's demonstrations) would write."""
+    return str(int(x)) if math.isfinite(x) and float(x).is_integer() else str(x)
+
+
 def call_tool(name: str, arguments: str) -> str:
     """A tool's result as the model is shown it; a failure as TRL shows one."""
     try:
-        return str(TOOLS[name](**json.loads(arguments or "{}")))
+        return plain(TOOLS[name](**json.loads(arguments or "{}")))
     except Exception as exc:
         return json.dumps({"error": str(exc)})
 
 
 def answered(text: str, expected: Any) -> bool:
+    """The answer is the last number in the text."""
+    found = NUMBER.findall(text)
     try:
-        return float(text.strip()) == float(expected)
+        return bool(found) and math.isclose(float(found[-1]), float(expected))
     except (TypeError, ValueError):
         return False
 

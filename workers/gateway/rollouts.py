@@ -31,6 +31,7 @@ from app.core.embedded import redis_py_url
 from app.core.services import redis_url
 from app.gateway import wire
 from app.gateway.samples import Sample, StoredCall, stitch
+from app.observability import prometheus
 from app.runs.spec.environments import GatewayEnvironment
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
@@ -258,6 +259,8 @@ class GatewayRollouts:
             expired = await conn.fetch(_EXPIRE, self.spec.id, phase, step)
             state = await conn.fetchrow(_OPEN_STATE, self.spec.id, phase, step)
         reissued = sum(1 for r in expired if r["status"] == "pending")
+        prometheus.GATEWAY_EPISODES.labels("expired").inc(len(expired))
+        prometheus.GATEWAY_EPISODES.labels("dropped").inc(len(expired) - reissued)
         deadline = state["next_deadline"]
         return (
             int(state["open"]),
@@ -299,14 +302,13 @@ class GatewayRollouts:
                 replies = self.engine.answer(calls, version)
             except Exception as exc:
                 for call in calls:
-                    self._reply(
-                        pipe, call.reply_to, {"ok": False, "status": 500, "message": str(exc)[:500]}
-                    )
+                    failed = {"ok": False, "status": 500, "message": str(exc)[:500]}
+                    self._reply(pipe, call.reply_to, {"call_id": call.call_id, **failed})
                 pipe.execute()
                 raise
             for call, reply in zip(calls, replies, strict=True):
                 self._remember(call, reply)
-                self._reply(pipe, call.reply_to, {"ok": True, **reply})
+                self._reply(pipe, call.reply_to, {"call_id": call.call_id, "ok": True, **reply})
         pipe.execute()
         return len(calls)
 
@@ -468,4 +470,18 @@ def _episode_view(
             "policy_version": versions[-1] if versions else None,
             **({"harness_metrics": metrics} if metrics else {}),
         },
+    }
+
+
+def step_metrics(gateway: list[dict[str, Any]]) -> dict[str, float]:
+    """A step's gateway numbers, charted with its other metrics: episodes dropped (never
+    finished), failed (by the harness), handed out more than once, split, and calls."""
+    meta = [g["metadata"] for g in gateway]
+    n = max(1, len(meta))
+    return {
+        "gateway/episodes_dropped": float(sum(m["episode_status"] == "dropped" for m in meta)),
+        "gateway/episodes_failed": float(sum(m["episode_status"] == "failed" for m in meta)),
+        "gateway/episodes_reissued": float(sum(m["issues"] > 1 for m in meta)),
+        "gateway/episodes_split": float(sum(m["sequence"] == "split" for m in meta)),
+        "gateway/calls_per_episode": sum(m["calls"] for m in meta) / n,
     }

@@ -123,6 +123,11 @@ class StepBridge:
         self.ranks.check(self.ctx, pause_ok=False)
         if gateway is not None:  # a gateway run: each rollout an episode a harness played
             episodes, environments = self._gateway_episodes(gateway)
+            if log_metric is not None:
+                from workers.gateway.rollouts import step_metrics
+
+                for name, value in step_metrics(gateway).items():
+                    log_metric(name, value)
         else:
             episodes = self._episodes(completions, environments)
         if episodes is None:

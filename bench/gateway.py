@@ -1,0 +1,286 @@
+#!/usr/bin/env python3
+"""The gateway's own cost per model call, and what a call and an episode store (issue 28:
+target ≤ 2 ms median, ≤ 5 ms p99 beyond generation with 200 concurrent episodes on one API
+process; ≥ 1,000 recorded calls/s).
+
+One API process (``trainyard api``, one uvicorn worker) serves a gateway run whose calls are
+answered by a *fixed engine*: a process of this benchmark that pops the run's inbox
+(``app.gateway.wire``) and answers every call at once with the same token ids, the way the
+worker answers (prompt and completion ids, log-probabilities, a parsed message). No model
+runs, so what a call costs is the gateway's own path: the episode token checked and the call
+counted (one statement), the call handed over and answered through Redis, the call recorded
+(one insert, token ids packed), the OpenAI answer. ``--episodes`` harness tasks (one
+keep-alive connection each, plain ``httpx``) each hold a claimed episode and call its
+``/chat/completions`` in a loop for ``--duration`` s.
+
+Reported: calls per second; the latency each call had as its harness saw it (client) and as
+the API recorded it (``episode_calls.latency_ms``, from the request's arrival to the answer
+being ready, minus the engine's ``generation_ms``: zero here); the bytes a call's row and an
+episode's row take (``pg_column_size``), per column.
+
+    .venv/bin/python bench/gateway.py                                   # ~1 min
+    .venv/bin/python bench/gateway.py --episodes 20 --duration 5 --output /tmp/gw.md
+
+Needs PostgreSQL (database bench_gateway is dropped and created) and Redis (db 12, only keys
+under the prefix). The results replace the gateway section of docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing
+import os
+import signal
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import kit
+from kit import BenchError, log
+from kit.machine import trainyard_version, versions_of, wait_for_quiet
+from kit.processes import stop_on_exit
+from kit.report import (
+    add_output_arg,
+    markers,
+    quantile,
+    report_head,
+    utc_now,
+    write_section,
+    written_by,
+)
+from kit.stores import bench_query, pg_json, pg_url_for
+from kit.trainyard import Trainyard, add_trainyard_args
+
+from app.gateway import wire
+
+SECTION = "gateway"
+PROMPT_TOKENS = 400
+COMPLETION_TOKENS = 40
+
+
+def fixed_engine(redis_url: str, inbox: str, stop: Any) -> None:
+    """Answer every call on ``inbox`` at once with the same ids, as the worker answers."""
+    import redis
+
+    from app.core.embedded import redis_py_url
+
+    client = redis.Redis.from_url(redis_py_url(redis_url))
+    reply = {
+        "ok": True,
+        "prompt_ids": list(range(PROMPT_TOKENS)),
+        "completion_ids": list(range(COMPLETION_TOKENS)),
+        "logprobs": [-0.5] * COMPLETION_TOKENS,
+        "finish_reason": "stop",
+        "message": {"content": "a" * COMPLETION_TOKENS, "tool_calls": []},
+        "continued": False,
+        "policy_version": 0,
+        "generation_ms": 0.0,
+    }
+    while not stop.is_set():
+        popped = client.blpop([inbox], timeout=0.2)
+        if popped is None:
+            continue
+        asks = [popped[1], *(client.lpop(inbox, 255) or [])]
+        pipe = client.pipeline(transaction=False)
+        for raw in asks:
+            ask = wire.loads(raw)
+            if ask.get("kind") == "call":
+                pipe.rpush(ask["reply_to"], wire.dumps({"call_id": ask["call_id"], **reply}))
+                pipe.expire(ask["reply_to"], wire.REPLY_TTL_SECONDS)
+        pipe.execute()
+
+
+def insert_episodes(db_url: str, run_id: str, n: int, timeout: float) -> None:
+    bench_query(
+        db_url,
+        f"""INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
+                prompt, context, status, attempt, issued, max_issues, max_calls,
+                timeout_seconds, calls, metrics)
+            SELECT gen_random_uuid(), '{run_id}', 'train', 1, s, s / 8, s % 8,
+                   '[{{"role": "user", "content": "Say something."}}]', '{{}}', 'pending', 1,
+                   0, 3, 1000000, {timeout}, 0, '{{}}'
+              FROM generate_series(0, {n - 1}) AS s""",
+    )
+
+
+async def claim_all(ty: Trainyard, run_id: str, n: int) -> list[dict[str, Any]]:
+    claimed: list[dict[str, Any]] = []
+    async with httpx.AsyncClient(base_url=ty.base_url, headers=ty.headers, timeout=60) as http:
+        while len(claimed) < n:
+            r = await http.post(
+                f"/runs/{run_id}/episodes/claim",
+                json={"max": min(64, n - len(claimed)), "wait_seconds": 0},
+            )
+            r.raise_for_status()
+            got = r.json()["episodes"]
+            if not got:
+                raise BenchError(f"only {len(claimed)} of {n} episodes could be claimed")
+            claimed += got
+    return claimed
+
+
+async def drive(
+    ty: Trainyard, episodes: list[dict[str, Any]], duration: float
+) -> tuple[list[float], float, float]:
+    """Each episode calls in a loop for ``duration`` s; client latencies (ms), the window."""
+    latencies: list[float] = []
+    body = {
+        "model": "policy",
+        "messages": [
+            {"role": "system", "content": "Answer with letters."},
+            {"role": "user", "content": "Say something."},
+        ],
+    }
+    start = time.monotonic() + 1.0
+    end = start + duration
+
+    async def one(episode: dict[str, Any]) -> None:
+        path = f"/gateway/episodes/{episode['id']}/v1/chat/completions"
+        headers = {"Authorization": f"Bearer {episode['token']}"}
+        async with httpx.AsyncClient(base_url=ty.base_url, timeout=30) as http:
+            await http.get(f"/gateway/episodes/{episode['id']}/v1/models", headers=headers)
+            await asyncio.sleep(max(0.0, start - time.monotonic()))
+            while time.monotonic() < end:
+                t0 = time.monotonic()
+                r = await http.post(path, json=body, headers=headers)
+                if r.status_code != 200:
+                    raise BenchError(f"a call answered {r.status_code}: {r.text[:300]}")
+                latencies.append((time.monotonic() - t0) * 1000)
+
+    await asyncio.gather(*(one(e) for e in episodes))
+    return latencies, start, end
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--episodes", type=int, default=200, help="concurrent episodes (harnesses)")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of calls")
+    add_trainyard_args(
+        p,
+        databases="bench_gateway",
+        redis_db=12,
+        broker_prefix="bench-gateway:",
+        settle_timeout=60.0,
+        start_timeout=120.0,
+    )
+    add_output_arg(p, SECTION)
+    args = p.parse_args()
+    started = utc_now()
+    servers: list[Any] = []
+    stop = multiprocessing.Event()
+    with stop_on_exit(servers), tempfile.TemporaryDirectory(prefix="bench-gateway-") as home:
+        ty = Trainyard(
+            args, name="gateway", db_name="bench_gateway", servers=servers, home=Path(home)
+        )
+        ty.prepare()
+        ty.start_api(timeout=args.start_timeout)
+        run = ty.create_run(
+            {
+                "model_name": "no-worker-runs-this",
+                "task_description": "The gateway's own cost.",
+                "inputs": [{"input_text": "Say something."}],
+                "environment": {"type": "gateway", "episode_timeout_seconds": 3600},
+            }
+        )
+        db_url = pg_url_for(args.pg_url, "bench_gateway")
+        insert_episodes(db_url, run["id"], args.episodes, 3600)
+        engine = multiprocessing.Process(
+            target=fixed_engine,
+            args=(args.redis_url, wire.inbox(args.broker_prefix, run["id"]), stop),
+            daemon=True,
+        )
+        engine.start()
+        try:
+            episodes = asyncio.run(claim_all(ty, run["id"], args.episodes))
+            wait_for_quiet(args.settle_timeout)
+            log(f"{args.episodes} episodes calling for {args.duration:.0f} s")
+            latencies, _, _ = asyncio.run(drive(ty, episodes, args.duration))
+        finally:
+            stop.set()
+            engine.join(5)
+        recorded = pg_json(
+            db_url,
+            """SELECT json_build_object(
+                       'latency', array_agg(latency_ms - generation_ms ORDER BY created_at),
+                       'first', extract(epoch FROM min(created_at)),
+                       'last', extract(epoch FROM max(created_at)))
+                     FROM episode_calls""",
+        )
+        sizes = pg_json(
+            db_url,
+            """SELECT json_build_object(
+                       'row', avg(pg_column_size(c.*)),
+                       'ids', avg(pg_column_size(c.prompt_ids) + pg_column_size(c.completion_ids)),
+                       'logprobs', avg(pg_column_size(c.logprobs)),
+                       'request', avg(pg_column_size(c.request)),
+                       'response', avg(pg_column_size(c.response)),
+                       'episode', (SELECT avg(pg_column_size(e.*)) FROM episodes e))
+                     FROM episode_calls c""",
+        )
+        ty.remove()
+    overhead = [float(x) for x in recorded["latency"]]
+    window = float(recorded["last"]) - float(recorded["first"])
+    rate = len(overhead) / window if window > 0 else 0.0
+    p50, p99 = quantile(overhead, 0.5), quantile(overhead, 0.99)
+    c50, c99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
+    log(f"{len(overhead)} calls, {rate:.0f}/s; recorded p50 {p50:.2f} ms p99 {p99:.2f} ms")
+    start_mark, end_mark = markers(SECTION)
+    lines = [
+        start_mark,
+        "## Gateway: its own cost per call, and what a call stores",
+        "",
+        written_by(
+            "gateway.py",
+            " One API process; a fixed engine answers every call at once, so the numbers "
+            "are the gateway's path alone (token check, hand-over through Redis, the "
+            "recorded row, the OpenAI answer).",
+        ),
+        "",
+        *report_head(
+            "gateway.py",
+            started=started,
+            versions={
+                "trainyard": trainyard_version(),
+                **versions_of("uvicorn", "asyncpg", "redis"),
+            },
+        ),
+        "",
+        f"{args.episodes} concurrent episodes, {args.duration:.0f} s; each call "
+        f"{PROMPT_TOKENS} prompt and {COMPLETION_TOKENS} completion tokens.",
+        "",
+        "| measure | value | target |",
+        "|---|---|---|",
+        f"| recorded calls per second (one API process) | {rate:,.0f} | ≥ 1,000 |",
+        f"| gateway's own cost, median (API: arrival → answer ready, minus generation) "
+        f"| {p50:.2f} ms | ≤ 2 ms |",
+        f"| gateway's own cost, p99 | {p99:.2f} ms | ≤ 5 ms |",
+        f"| as the harness saw it (client: send → answer read), median / p99 "
+        f"| {c50:.2f} / {c99:.2f} ms | |",
+        f"| calls recorded | {len(overhead):,} | |",
+        "",
+        "Bytes stored (PostgreSQL `pg_column_size`, averages):",
+        "",
+        "| what | bytes |",
+        "|---|---|",
+        f"| a call's row | {float(sizes['row']):,.0f} |",
+        f"| its token ids ({PROMPT_TOKENS + COMPLETION_TOKENS} tokens, int32) "
+        f"| {float(sizes['ids']):,.0f} |",
+        f"| its log-probabilities ({COMPLETION_TOKENS}, float32) "
+        f"| {float(sizes['logprobs']):,.0f} |",
+        f"| its request (messages, JSONB) | {float(sizes['request']):,.0f} |",
+        f"| its answer (JSONB) | {float(sizes['response']):,.0f} |",
+        f"| an episode's row | {float(sizes['episode']):,.0f} |",
+        end_mark,
+    ]
+    write_section(args.output, "\n".join(lines) + "\n", start_mark, end_mark)
+    log(f"wrote the {SECTION} section of {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    kit.run(main)

@@ -1,0 +1,101 @@
+"""The gateway as the official clients use it: the ``openai`` npm package (a TypeScript-world
+harness over plain HTTP), and the blocking Python ``OpenAI`` client with tools after an SFT
+warm-up, its tool calls parsed as TRL parses them."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trainyard
+
+from tests.gateway.test_gateway_run import gateway_run
+from tests.support.runs import wait_for
+
+pytestmark = pytest.mark.gateway
+
+JS = Path(__file__).parent / "js"
+
+
+def _npm_ci() -> None:
+    stamp = JS / "node_modules" / ".package-lock.json"
+    if not stamp.exists() or (JS / "package-lock.json").stat().st_mtime > stamp.stat().st_mtime:
+        subprocess.run(
+            ["npm", "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=JS, check=True
+        )
+
+
+async def test_the_openai_npm_package_plays_a_run(
+    tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server, tmp_path
+) -> None:
+    await asyncio.to_thread(_npm_ci)
+    start_worker(**worker_home)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(gateway_run(tiny_model, max_steps=2, grpo={"groups_per_step": 1}))
+    harness = await asyncio.create_subprocess_exec(
+        "node",
+        str(JS / "harness.mjs"),
+        api_server.url,
+        tenant.key,
+        run.id,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(harness.communicate(), 300)
+    lines = [json.loads(line) for line in out.decode().splitlines() if line.startswith("{")]
+    assert harness.returncode == 0 and lines[-1] == {"played": 8}, out.decode()[-3000:]
+    for line in lines[:-1]:
+        assert line["first"]["completion_tokens"] >= 1
+        assert line["streamed"]["prompt_tokens"] > line["first"]["prompt_tokens"]
+        assert line["models"] == [str(tiny_model)]
+        assert line["refused"] == "400 BadRequestError"
+    done = await wait_for(sessionmaker, run.id, lambda r: r.status in {"completed", "failed"}, 60)
+    assert done.status == "completed", done.error
+
+
+AGENT_GATEWAY = Path(__file__).parents[2] / "configs" / "runs" / "agent-gateway.yaml"
+
+
+def tool_round(episode: trainyard.Episode, tools: list[dict[str, Any]]) -> dict[str, Any]:
+    """One call with tools on the blocking client, and what it answered."""
+    client = episode.sync_openai_client()
+    answer = client.chat.completions.create(model="policy", messages=episode.messages, tools=tools)
+    return answer.choices[0].model_dump()
+
+
+async def test_tool_calls_come_back_parsed_to_the_blocking_client(
+    tenant, sessionmaker, start_worker, tool_model, worker_home, api_server
+) -> None:
+    from app.core.config_files import load_preset
+
+    body = {**load_preset(AGENT_GATEWAY), "model_name": str(tool_model), "max_steps": 1}
+    body["grpo"] = {**body["grpo"], "groups_per_step": 1}
+    tools = body["environment"]["tools"]
+    names = {t["function"]["name"] for t in tools}
+    start_worker(**worker_home)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        choices: list[dict[str, Any]] = []
+        async for episode in run.episodes(concurrency=8):
+            choices.append(await asyncio.to_thread(tool_round, episode, tools))
+            await episode.finish(reward=0.0)
+            if len(choices) == 8:
+                break
+        done = await wait_for(
+            sessionmaker, run.id, lambda r: r.status in {"completed", "failed"}, 300
+        )
+    assert done.status == "completed", done.error
+    # After the warm-up the model calls its tools: each call parsed, as OpenAI shapes it.
+    calls = [c for choice in choices for c in choice["message"].get("tool_calls") or []]
+    assert len(calls) >= 4, choices
+    for choice in choices:
+        if choice["message"].get("tool_calls"):
+            assert choice["finish_reason"] == "tool_calls"
+    for call in calls:
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        assert call["function"]["name"] in names
+        assert set(json.loads(call["function"]["arguments"])) <= {"a", "b"}
