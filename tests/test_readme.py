@@ -77,11 +77,6 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
         ("grpo",),
         "a gateway run generates with engine 'transformers' for now",
     ),
-    "the gateway's push mode": (
-        {"environment": {"type": "gateway", "mode": "push"}},
-        ("environment", "gateway", "mode"),
-        "Extra inputs are not permitted",
-    ),
 }
 
 

@@ -25,6 +25,10 @@ docs/security.md has the format with an example; ``configs/catalog.example.yaml`
       rollouts:
         description: The rollout fleet (Qwen2.5-7B-Instruct, LoRA enabled)
         urls: [http://vllm-0.internal:8000, http://vllm-1.internal:8000]
+    harnesses:
+      sandbox-agent:
+        description: The coding agent's harness (gateway runs in push mode)
+        url: http://agents.internal:9000/episodes
     models:
       folders: [/models]
       hub: [Qwen/]
@@ -113,6 +117,13 @@ class Endpoint(_Entry):
     )
 
 
+class Harness(_Entry):
+    """A harness a push-mode gateway run hands its episodes to: the worker POSTs each episode
+    to ``url`` and takes the answer as its finish (``environment.harness: NAME``)."""
+
+    url: Url
+
+
 class VllmServers(_Entry):
     """A fleet of vLLM servers a run's rollouts may use (``grpo.vllm_servers: NAME``)."""
 
@@ -158,6 +169,7 @@ class Catalog(BaseModel):
     imports: list[ImportPrefix] = Field(default_factory=list)
     endpoints: dict[Name, Endpoint] = Field(default_factory=dict)
     vllm_servers: dict[Name, VllmServers] = Field(default_factory=dict)
+    harnesses: dict[Name, Harness] = Field(default_factory=dict)
     models: Models = Field(default_factory=Models)
 
 

@@ -89,7 +89,8 @@ class CodePolicy:
         c = self.catalog
         held = (
             f"MCP servers {len(c.mcp_servers)}, import prefixes {len(c.imports)}, endpoints "
-            f"{len(c.endpoints)}, vLLM fleets {len(c.vllm_servers)}, model folders "
+            f"{len(c.endpoints)}, vLLM fleets {len(c.vllm_servers)}, harnesses "
+            f"{len(c.harnesses)}, model folders "
             f"{len(c.models.folders)}, hub ids {len(c.models.hub)}"
         )
         line = f"code policy {self.mode}; catalog {self.source or '(none)'}: {held}"
@@ -190,6 +191,21 @@ class CodePolicy:
                 yield from self._code(f"environment.tools[{i}]", tool)
         elif kind == "python":
             yield from self._code("environment.factory", environment.get("factory"))
+        elif kind == "gateway":
+            harnesses = self.catalog.harnesses
+            harness = environment.get("harness")
+            if harness is not None and harness not in harnesses:
+                yield Refusal(
+                    "environment.harness",
+                    f"no harness {harness!r} in the catalog (it has: {_listed(harnesses)})",
+                )
+            if environment.get("harness_url") is not None and not self.open:
+                yield Refusal(
+                    "environment.harness_url",
+                    "under the catalog code policy a push-mode gateway run names a harness of "
+                    f"the catalog (environment.harness; it has: {_listed(harnesses)}), never a "
+                    "harness_url of its own",
+                )
         elif kind == "mcp":
             servers = self.catalog.mcp_servers
             server = environment.get("server")
@@ -265,6 +281,12 @@ class CodePolicy:
                 "command": list(server.command) if server.command else None,
                 "url": server.url,
                 "env": dict(server.env),
+            }
+        if environment and environment.get("harness") is not None:
+            changed["environment"] = {
+                **environment,
+                "harness": None,
+                "harness_url": self.catalog.harnesses[environment["harness"]].url,
             }
         reward = spec.get("reward")
         if reward:

@@ -163,6 +163,10 @@ def up(
             "TRAINYARD_REDIS_URL": broker,
             "TRAINYARD_HOME": str(home),
             "TRAINYARD_CODE_POLICY": policy,
+            # Where a push-mode gateway run's harness reaches this API.
+            "TRAINYARD_PUBLIC_URL": os.environ.get(
+                "TRAINYARD_PUBLIC_URL", f"http://{_client_host(host)}:{port}"
+            ),
         }
         upgrade(db_url)
         supervisor = Supervisor(env, say, on_change)

@@ -110,6 +110,12 @@ class Settings(BaseSettings):
         description="An idle SSE stream sends a comment after this long without a message "
         "(within a quarter more), so proxies keep it open.",
     )
+    public_url: str | None = Field(
+        default=None,
+        description="The API's base URL as harnesses reach it (http://trainyard.internal:8000): "
+        "a gateway run in push mode hands each episode's OpenAI base URL under it to its "
+        "harness. Workers need it for push mode only; `trainyard up` sets it.",
+    )
     judge_base_url: str | None = Field(
         default=None,
         description="The workers' default LLM judge (an OpenAI-compatible endpoint such as "

@@ -1,7 +1,11 @@
 """One API process's link to the gateway's Redis (app/gateway/wire.py): one reply list of
 its own, read by one task that hands each answer to the call waiting for it, and one pattern
 subscription that wakes the claims waiting on a run when its worker says episodes wait. Two
-connections for every call and claim in flight, however many there are."""
+connections for every call and claim in flight, however many there are.
+
+Every blocking read waits at most :data:`BLOCK_SECONDS`, under redis-py's socket timeout
+(5 s by default): a longer BLPOP would end in a timeout error of the client's own.
+"""
 
 from __future__ import annotations
 
@@ -18,19 +22,21 @@ from app.gateway import wire
 
 log = logging.getLogger(__name__)
 
+BLOCK_SECONDS = 2.0
+
 
 class GatewayHub:
     def __init__(self, url: str, prefix: str) -> None:
         self.prefix = prefix
         self.redis = redis.asyncio.from_url(redis_py_url(url))
         self._waiters: dict[str, set[asyncio.Event]] = {}
-        self._task: asyncio.Task[None] | None = None
+        self._listener: asyncio.Task[None] | None = None
         self._replies = wire.reply(prefix, uuid.uuid4())  # this process's
         self._calls: dict[str, asyncio.Future[dict[str, Any]]] = {}
         self._reader: asyncio.Task[None] | None = None
 
     async def aclose(self) -> None:
-        for task in (self._task, self._reader):
+        for task in (self._listener, self._reader):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -40,8 +46,8 @@ class GatewayHub:
     # -- claims wait here ----------------------------------------------------------------------
     async def wait_available(self, run_id: uuid.UUID, seconds: float) -> None:
         """Until the run's worker says episodes wait, or ``seconds`` pass."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._listen(), name="gateway-hub")
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen(), name="gateway-available")
         event = asyncio.Event()
         key = str(run_id)
         self._waiters.setdefault(key, set()).add(event)
@@ -58,19 +64,21 @@ class GatewayHub:
     async def _listen(self) -> None:
         while True:
             try:
-                pubsub = self.redis.pubsub()
-                await pubsub.psubscribe(wire.available_pattern(self.prefix))
-                async for message in pubsub.listen():
-                    if message.get("type") != "pmessage":
-                        continue
-                    channel = message["channel"]
-                    channel = channel.decode() if isinstance(channel, bytes) else channel
-                    run = channel.rsplit(":", 2)[-2]
-                    for event in self._waiters.get(run, ()):
-                        event.set()
+                async with self.redis.pubsub() as pubsub:
+                    await pubsub.psubscribe(wire.available_pattern(self.prefix))
+                    while True:
+                        message = await pubsub.get_message(
+                            ignore_subscribe_messages=True, timeout=BLOCK_SECONDS
+                        )
+                        if message is None or message.get("type") != "pmessage":
+                            continue
+                        channel = message["channel"]
+                        channel = channel.decode() if isinstance(channel, bytes) else channel
+                        for event in self._waiters.get(channel.rsplit(":", 2)[-2], ()):
+                            event.set()
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # Redis went away: claims fall back to their timeout
+            except Exception as exc:  # Redis went away: wake every claim, to look again
                 log.warning("gateway hub: %s; listening again in 1 s", exc)
                 for waiting in self._waiters.values():
                     for event in waiting:
@@ -82,15 +90,41 @@ class GatewayHub:
         self, run_id: uuid.UUID, message: dict[str, Any], seconds: float
     ) -> dict[str, Any] | None:
         """Hand a call to the run's worker and wait for its answer (None: none in time)."""
-        reply_to = wire.reply(self.prefix, message["call_id"])
-        message = {**message, "reply_to": reply_to}
-        await self.redis.rpush(wire.inbox(self.prefix, run_id), wire.dumps(message))
-        popped = await self.redis.blpop([reply_to], timeout=max(0.01, seconds))
-        return None if popped is None else wire.loads(popped[1])
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.create_task(self._read_replies(), name="gateway-replies")
+        call_id = str(message["call_id"])
+        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._calls[call_id] = answer
+        try:
+            await self.redis.rpush(
+                wire.inbox(self.prefix, run_id), wire.dumps({**message, "reply_to": self._replies})
+            )
+            with contextlib.suppress(TimeoutError):
+                return await asyncio.wait_for(answer, max(0.01, seconds))
+            return None
+        finally:
+            self._calls.pop(call_id, None)
+
+    async def _read_replies(self) -> None:
+        """Every answer pushed to this process's reply list, to the call waiting for it (an
+        answer nobody waits for any more, its call timed out, is dropped)."""
+        while True:
+            try:
+                popped = await self.redis.blpop([self._replies], timeout=BLOCK_SECONDS)
+                if popped is None:
+                    continue
+                for raw in [popped[1], *(await self.redis.lpop(self._replies, 500) or [])]:
+                    reply = wire.loads(raw)
+                    waiting = self._calls.get(str(reply.get("call_id")))
+                    if waiting is not None and not waiting.done():
+                        waiting.set_result(reply)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # Redis went away: the calls time out, or are retried
+                log.warning("gateway replies: %s; reading again in 1 s", exc)
+                await asyncio.sleep(1)
 
     async def ended(self, run_id: uuid.UUID, episode_id: uuid.UUID) -> None:
         """Tell the run's worker an episode ended, so it stops waiting for it."""
-        await self.redis.rpush(
-            wire.inbox(self.prefix, run_id),
-            wire.dumps({"kind": "ended", "episode_id": str(episode_id)}),
-        )
+        message = {"kind": "ended", "episode_id": str(episode_id)}
+        await self.redis.rpush(wire.inbox(self.prefix, run_id), wire.dumps(message))

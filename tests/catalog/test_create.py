@@ -42,6 +42,9 @@ CATALOG = {
         "fleet": {"description": "Two servers", "urls": ["http://v0:8000", "http://v1:8000"]},
         "single": {"description": "One server", "urls": ["http://v2:8000"]},
     },
+    "harnesses": {
+        "sandbox": {"description": "The agents' harness", "url": "http://agents.internal:9000/e"}
+    },
     "models": {"folders": [MODELS], "hub": ["Qwen/", "tiny-llama"]},
 }
 
@@ -126,7 +129,17 @@ REFUSED = [
         "body.grpo.vllm_server_url",
         "fleet, single",
     ),
+    (
+        {"environment": {"type": "gateway", "harness_url": "http://169.254.169.254/"}},
+        "body.environment.harness_url",
+        "sandbox",
+    ),
     # Names must exist, whatever the policy.
+    (
+        {"environment": {"type": "gateway", "harness": "elsewhere"}},
+        "body.environment.harness",
+        "no harness 'elsewhere'",
+    ),
     (
         {"environment": {"type": "mcp", "server": "browser"}},
         "body.environment.server",
@@ -181,6 +194,8 @@ ACCEPTED = [
     {"teacher": {"student_model": f"{MODELS}/student"}},
     {"grpo": {"engine": "vllm-server", "vllm_servers": "single"}},
     {"grpo": {"engine": "vllm-server", "vllm_servers": "fleet", "lora": {}}},
+    {"environment": {"type": "gateway"}},  # pull mode names nothing
+    {"environment": {"type": "gateway", "harness": "sandbox"}},
 ]
 
 
@@ -279,3 +294,15 @@ def test_a_start_without_models_under_catalog_says_every_run_will_be_refused() -
     listed = CodePolicy("catalog", Catalog.model_validate({"models": {"hub": ["Qwen/"]}}))
     assert not listed.refuses_every_run and "refused" not in listed.summary()
     assert not CodePolicy("open", Catalog()).refuses_every_run
+
+
+def test_a_push_harness_of_the_catalog_is_its_url_on_the_worker() -> None:
+    policy = CodePolicy("catalog", Catalog.model_validate(CATALOG))
+    spec = {"environment": {"type": "gateway", "harness": "sandbox", "max_calls": 4}}
+    assert policy.refusals(spec) == []
+    assert policy.resolve(spec)["environment"] == {
+        "type": "gateway",
+        "harness": None,
+        "harness_url": "http://agents.internal:9000/e",
+        "max_calls": 4,
+    }

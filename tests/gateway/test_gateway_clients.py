@@ -5,13 +5,18 @@ warm-up, its tool calls parsed as TRL parses them."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
 import subprocess
+import threading
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trainyard
+from openai import OpenAI
+from sqlalchemy import text
 
 from tests.gateway.test_gateway_run import gateway_run
 from tests.support.runs import wait_for
@@ -99,3 +104,76 @@ async def test_tool_calls_come_back_parsed_to_the_blocking_client(
         assert call["type"] == "function" and call["id"].startswith("call_")
         assert call["function"]["name"] in names
         assert set(json.loads(call["function"]["arguments"])) <= {"a", "b"}
+
+
+class PushHarness(http.server.ThreadingHTTPServer):
+    """A push-mode harness: each POST is an episode, played on the blocking ``OpenAI``
+    client through its base URL; the answer is the finish (one episode fails on purpose)."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), PushHandler)
+        self.played: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/episodes"
+
+
+class PushHandler(http.server.BaseHTTPRequestHandler):
+    server: PushHarness
+
+    def do_POST(self) -> None:
+        episode = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        client = OpenAI(base_url=episode["base_url"], api_key=episode["token"], max_retries=0)
+        answer = client.chat.completions.create(model="policy", messages=episode["messages"])
+        text = answer.choices[0].message.content or ""
+        with self.server.lock:
+            self.server.played.append(episode)
+            first = len(self.server.played) == 1
+        outcome: dict[str, Any] = (
+            {"error": "the sandbox crashed"}
+            if first
+            else {"reward": text.count("a") / max(1, len(text)), "metrics": {"chars": len(text)}}
+        )
+        body = json.dumps(outcome).encode()
+        self.send_response(200)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+async def test_push_mode_hands_every_episode_to_the_harness(
+    tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    harness = PushHarness()
+    threading.Thread(target=harness.serve_forever, daemon=True).start()
+    try:
+        start_worker(**worker_home, TRAINYARD_PUBLIC_URL=api_server.url)
+        body = gateway_run(tiny_model, max_steps=2, grpo={"groups_per_step": 1})
+        body["environment"]["harness_url"] = harness.url
+        async with trainyard.Client(api_server.url, tenant.key) as ty:
+            run = await ty.create_run(body)
+        done = await wait_for(
+            sessionmaker, run.id, lambda r: r.status in {"completed", "failed"}, 300
+        )
+    finally:
+        harness.shutdown()
+    assert done.status == "completed", done.error
+    assert len(harness.played) == 8  # every episode, pushed once: no claim by anyone else
+    assert {e["step"] for e in harness.played} == {1, 2}
+    assert all(e["token"].startswith("tye_") for e in harness.played)
+    async with sessionmaker() as s:
+        rows = (
+            await s.execute(
+                text("SELECT status, error, metrics FROM episodes WHERE run_id = :r"),
+                {"r": uuid.UUID(run.id)},
+            )
+        ).all()
+    assert sorted(r.status for r in rows) == ["failed"] + ["finished"] * 7
+    assert next(r.error for r in rows if r.status == "failed") == "the sandbox crashed"
+    assert all("chars" in r.metrics for r in rows if r.status == "finished")

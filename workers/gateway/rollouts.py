@@ -36,6 +36,7 @@ from app.runs.spec.environments import GatewayEnvironment
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.gateway.engine import BadCall, Call, TransformersEngine, template_messages
+from workers.gateway.push import Pusher
 
 log = logging.getLogger(__name__)
 
@@ -138,10 +139,25 @@ class GatewayRollouts:
         self.inbox = wire.inbox(prefix, spec.id)
         self.available = wire.available(prefix, spec.id)
         self.engine: TransformersEngine | None = None
+        self.pusher: Pusher | None = None
+        if self.env.push:  # the worker hands each episode to the run's harness
+            url = self.env.harness_url
+            assert url is not None, "the catalog's harness is resolved to its url on the worker"
+            batch = spec.grpo.groups_per_step * spec.rollouts_per_group
+            self.pusher = Pusher(
+                ctx,
+                str(spec.id),
+                url,
+                self.env.episode_timeout_seconds,
+                min(64, batch),
+                lambda message: self.redis.rpush(self.inbox, message),
+            )
         # Per claimed episode: the template messages and token ids its last call ended with.
         self.history: dict[tuple[str, int], tuple[list[dict[str, Any]], list[int], Any]] = {}
 
     def close(self) -> None:
+        if self.pusher is not None:
+            self.pusher.close()
         self.redis.close()
 
     # -- TRL's hook ------------------------------------------------------------------------
@@ -154,7 +170,8 @@ class GatewayRollouts:
         step = version + 1 if phase == "train" else version
         started = time.monotonic()
         self._open(phase, step, version, prompts, rows)
-        self.redis.publish(self.available, b"1")
+        if self.pusher is None:
+            self.redis.publish(self.available, b"1")  # pull: the harnesses' claims wake
         served = self._serve(phase, step, version)
         episodes = self.ctx.runtime.run(self._ended(phase, step))
         out = self._samples(episodes, prompts)
@@ -226,12 +243,14 @@ class GatewayRollouts:
         while True:
             self.ctx.check(pause_ok=False)
             if refresh:
-                still_open, _, next_deadline, reissued = self.ctx.runtime.run(
+                still_open, pending, next_deadline, reissued = self.ctx.runtime.run(
                     self._state(phase, step)
                 )
                 if not still_open:
                     return answered
-                if reissued:
+                if self.pusher is not None and pending:
+                    self.pusher.push_waiting(pending)
+                elif reissued:
                     self.redis.publish(self.available, b"1")
                 wait = 1.0 if next_deadline is None else min(1.0, max(0.05, next_deadline))
                 checked = time.monotonic()

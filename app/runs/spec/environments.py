@@ -321,6 +321,31 @@ class GatewayEnvironment(Strict):
         "warm-up to render its demonstrations with, so warm-up and episodes see one prompt; "
         "a harness may read them from the run. Unset: demonstrations without tool schemas.",
     )
+    harness: str | None = Field(
+        default=None,
+        max_length=100,
+        pattern=ENTRY_NAME,
+        description="Push mode: a harness of the operator's catalog (GET /catalog) the worker "
+        "POSTs each episode to, taking the answer as its finish. Unset (and no harness_url): "
+        "pull mode, harnesses claim episodes (POST /runs/{id}/episodes/claim).",
+    )
+    harness_url: HttpUrlStr | None = Field(
+        default=None,
+        max_length=2000,
+        description="Push mode with a harness of the run's own (the open code policy only). "
+        "Not with harness.",
+    )
+
+    @field_validator("harness_url")
+    @classmethod
+    def _one_harness(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is not None and info.data.get("harness") is not None:
+            raise inconsistent("give harness (one of the catalog's) or harness_url, not both")
+        return value
+
+    @property
+    def push(self) -> bool:
+        return self.harness is not None or self.harness_url is not None
 
 
 EnvironmentSpec = Annotated[
