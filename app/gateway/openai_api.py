@@ -19,6 +19,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from redis.exceptions import RedisError
 
 from app.core.domain import Conflict, NotFound
 from app.gateway import service, tokens
@@ -135,17 +136,25 @@ async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
         asked.pop("tools", None)
     call_id = uuid.uuid4()
     seconds = min(MAX_CALL_SECONDS, max(0.0, float(opened["seconds_left"])))
-    reply = await request.app.state.gateway.ask(
-        opened["run_id"],
-        {
-            "kind": "call",
-            "call_id": str(call_id),
-            "episode_id": str(episode_id),
-            "issue": opened["issued"],
-            "request": asked,
-        },
-        seconds,
-    )
+    try:
+        reply = await request.app.state.gateway.ask(
+            opened["run_id"],
+            {
+                "kind": "call",
+                "call_id": str(call_id),
+                "episode_id": str(episode_id),
+                "issue": opened["issued"],
+                "request": asked,
+            },
+            seconds,
+        )
+    except RedisError as exc:  # the broker is down: the SDKs retry a 503
+        return openai_error(
+            503,
+            f"The gateway cannot reach its broker now ({type(exc).__name__}); retry.",
+            type_="server_error",
+            code="broker_unavailable",
+        )
     if reply is None:
         return openai_error(
             504,

@@ -529,6 +529,89 @@ async def test_an_agent_episode_shows_its_tool_calls_collapsed(
     await page.screenshot("trajectory-viewer-agent")
 
 
+async def test_a_gateway_episode_shows_its_calls_with_trained_and_masked_tokens(
+    page: Page, api_server: ApiProcess, tenant: Tenant, maker: Any, tiny_model: Any
+) -> None:
+    """A gateway episode's rows written through the tables' models (tests/gateway trains
+    real ones); the page reads its calls over the API when the episode is opened."""
+    from app.gateway import wire
+    from app.gateway.models import Episode, EpisodeCall
+    from app.trajectories.models import Trajectory
+
+    run_id = await _create(api_server, tenant, letters_run(tiny_model, trained_model_name="gw"))
+    await _cancel(api_server, tenant, run_id)
+    run = uuid.UUID(run_id)
+    prompt = [{"role": "user", "content": "What is 2 plus 3?"}]
+    episode = Episode(
+        run_id=run,
+        step=1,
+        slot=0,
+        group_index=0,
+        rollout_index=0,
+        prompt=prompt,
+        status="finished",
+        attempt=1,
+        issued=1,
+        calls=2,
+        reward=1.0,
+    )
+    async with maker() as s:
+        s.add(episode)
+        await s.flush()
+        for seq, (prompt_n, completion_n) in enumerate([(20, 6), (31, 3)], start=1):
+            s.add(
+                EpisodeCall(
+                    episode_id=episode.id,
+                    run_id=run,
+                    issue=1,
+                    seq=seq,
+                    policy_version=3,
+                    request={"messages": prompt},
+                    response={"finish_reason": "tool_calls" if seq == 1 else "stop"},
+                    prompt_ids=wire.pack_ids(list(range(prompt_n))),
+                    completion_ids=wire.pack_ids(list(range(completion_n))),
+                    logprobs=wire.pack_floats([-0.1] * completion_n),
+                    latency_ms=12.5,
+                    generation_ms=10.0,
+                )
+            )
+        s.add(
+            Trajectory(
+                run_id=run,
+                project_id=tenant.project_id,
+                step=1,
+                group_index=0,
+                rollout_index=0,
+                messages=[*prompt, {"role": "assistant", "content": "5"}],
+                reward=1.0,
+                meta={
+                    "episode_id": str(episode.id),
+                    "calls": 2,
+                    "sequence": "one",
+                    "trained_calls": 2,
+                    "trained_tokens": 9,
+                    "masked_tokens": 5,
+                    "policy_version": 3,
+                },
+            )
+        )
+        await s.commit()
+
+    await page.sign_in(tenant.key, f"/ui/runs/{run_id}/trajectories?step=1")
+    panel = page.page.locator("#rollouts article.rollout details.episode")
+    summary = await panel.locator("summary").inner_text()
+    assert "2 calls" in summary and "v3" in summary
+    assert "9 trained" in summary and "5 masked" in summary
+    await panel.locator("summary").click()
+    rows = panel.locator("table.calls tbody tr")
+    await rows.first.wait_for()
+    assert await rows.count() == 2
+    first, second = await rows.nth(0).inner_text(), await rows.nth(1).inner_text()
+    assert "20 prompt" in first and "\t6\t" in first and "v3" in first
+    assert "+5" in second and "stop" in second  # 31 - (20 + 6) new tokens: masked
+    await page.screenshot("trajectory-viewer-gateway")
+
+
 async def test_the_stream_resumes_after_a_drop_with_every_event_once(
     page: Page, api_server: ApiProcess, tenant: Tenant, workers: Any, tiny_model: Any
 ) -> None:

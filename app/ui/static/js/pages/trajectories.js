@@ -1,7 +1,8 @@
 // Trajectory viewer: one group of one step side by side, its rollouts as columns, each with
 // its reward, its group-relative advantage (grpo.js, the run's scale_rewards) and what
 // scored it: each reward function's value, RULER's explanation, RIM's verdict per judge and
-// per sample. Agent episodes show their turns, each tool call and its result collapsible.
+// per sample. Agent episodes show their turns, each tool call and its result collapsible;
+// a gateway episode also its calls (policy version, latency, trained and masked tokens).
 //
 // The whole step is read (every group: scale_rewards "batch" needs the step's rewards);
 // the reward filter then picks the groups with a rollout in range and dims the others, so
@@ -212,9 +213,68 @@ function column(t, advantage, inRange) {
         toolCalls !== undefined ? [h("dt", {}, "tool calls"), h("dd", {}, String(toolCalls))] : null,
       ),
     ),
+    episodePanel(t.metadata || {}),
     h("div", { class: "messages" }, response.map((m) => message(m))),
     breakdown(t.reward_breakdown),
     t.metadata && Object.keys(t.metadata).length ? details("metadata", json(t.metadata)) : null,
+  );
+}
+
+/** A gateway episode: its calls (read when opened), each with the policy version that
+ * answered it, its latency and its tokens: the completion trained on, the tokens its prompt
+ * added after the previous call (tool results, user turns) masked out of the loss. */
+function episodePanel(m) {
+  if (!m.episode_id) return null;
+  const body = h("div", { class: "episode-calls" }, h("p", { class: "muted" }, "loading its calls…"));
+  const panel = details(
+    [
+      h("span", { class: "role" }, "episode"),
+      ` ${m.calls} call${m.calls === 1 ? "" : "s"} · policy v${m.policy_version ?? "–"} · `,
+      h("span", { class: "trained" }, `${m.trained_tokens} trained`),
+      " / ",
+      h("span", { class: "masked" }, `${m.masked_tokens} masked`),
+      " tokens",
+      m.sequence === "split" ? h("span", { class: "tag bad" }, `split: ${m.trained_calls} trained`) : null,
+    ],
+    body,
+    { cls: "episode" },
+  );
+  panel.dataset.episode = m.episode_id;
+  panel.addEventListener("toggle", async () => {
+    if (!panel.open || panel.dataset.loaded) return;
+    panel.dataset.loaded = "1";
+    const episode = await api.get(`/episodes/${m.episode_id}`);
+    clear(body);
+    body.append(callsTable(episode));
+  });
+  return panel;
+}
+
+function callsTable(episode) {
+  let before = null; // the previous call's prompt + completion tokens (of the same claim)
+  const rows = episode.call_log.map((c) => {
+    const fresh = before === null || c.seq === 1 ? c.prompt_tokens : c.prompt_tokens - before;
+    before = c.prompt_tokens + c.completion_tokens;
+    return h(
+      "tr",
+      {},
+      h("td", { class: "num" }, `${c.issue}.${c.seq}`),
+      h("td", { class: "num" }, `v${c.policy_version}`),
+      h("td", { class: "num masked" }, c.seq === 1 ? `${c.prompt_tokens} prompt` : `+${fresh}`),
+      h("td", { class: "num trained" }, String(c.completion_tokens)),
+      h("td", { class: "num" }, `${fmtNumber(c.latency_ms, 1)} ms`),
+      h("td", {}, c.response?.finish_reason ?? ""),
+    );
+  });
+  return h(
+    "table",
+    { class: "small calls" },
+    h(
+      "thead",
+      {},
+      h("tr", {}, ["call", "policy", "masked", "trained", "latency", "finish"].map((x) => h("th", {}, x))),
+    ),
+    h("tbody", {}, rows),
   );
 }
 
