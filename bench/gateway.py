@@ -31,6 +31,7 @@ import argparse
 import asyncio
 import multiprocessing
 import os
+import random
 import signal
 import tempfile
 import time
@@ -68,11 +69,12 @@ def fixed_engine(redis_url: str, inbox: str, stop: Any) -> None:
     from app.core.embedded import redis_py_url
 
     client = redis.Redis.from_url(redis_py_url(redis_url))
+    draw = random.Random(0)  # ids and logprobs that compress like real ones: hardly
     reply = {
         "ok": True,
-        "prompt_ids": list(range(PROMPT_TOKENS)),
-        "completion_ids": list(range(COMPLETION_TOKENS)),
-        "logprobs": [-0.5] * COMPLETION_TOKENS,
+        "prompt_ids": [draw.randrange(151_000) for _ in range(PROMPT_TOKENS)],
+        "completion_ids": [draw.randrange(151_000) for _ in range(COMPLETION_TOKENS)],
+        "logprobs": [-draw.expovariate(2.0) for _ in range(COMPLETION_TOKENS)],
         "finish_reason": "stop",
         "message": {"content": "a" * COMPLETION_TOKENS, "tool_calls": []},
         "continued": False,

@@ -102,8 +102,13 @@ def main() -> int:
                     harness.terminate()
                     harness.wait(10)
             walls[label] = time.monotonic() - t0
-            series = ty.metrics(run["id"], "reward_mean")["reward_mean"]
-            curves[label] = [v for _, v in sorted(series)]
+            names = ("reward_mean", "loss", "grad_norm", "completions/mean_length", "reward_std")
+            series = ty.metrics(run["id"], *names)
+            curves[label] = [v for _, v in sorted(series["reward_mean"])]
+            for name in names[1:]:
+                values = [v for _, v in sorted(series.get(name, []))]
+                if values:
+                    log(f"{label}: {name} first 5 {values[:5]} last 5 {values[-5:]}")
             log(f"{label}: {walls[label]:.0f} s, reward {curves[label][:3]} … {curves[label][-3:]}")
         ty.remove()
     size = max(1, args.steps // 10)

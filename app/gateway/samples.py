@@ -12,6 +12,7 @@ is kept in the database, not trained on), and the episode's metadata says so.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -56,3 +57,33 @@ def stitch(calls: list[StoredCall]) -> Sample:
             sample.calls += 1
         so_far = [*call.prompt_ids, *call.completion_ids]
     return sample
+
+
+_FUNCTION_KEYS = ("name", "description", "parameters", "return")
+_SCHEMA_KEYS = ("type", "properties", "required")
+
+
+def canonical_tools(tools: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """Tools in one key order, the order transformers' ``get_json_schema`` writes (``type``,
+    ``function``: ``name``, ``description``, ``parameters``: ``type``, ``properties``,
+    ``required``; then anything else): a chat template renders tools as JSON text, and the
+    same tools must render the same prompt whether they came from a Python function, a
+    harness or a JSONB column (which sorts keys its own way)."""
+    if not tools:
+        return tools
+    return [_ordered(tool, ("type", "function")) for tool in tools]
+
+
+def _ordered(value: Any, first: tuple[str, ...]) -> Any:
+    if not isinstance(value, dict):
+        return value
+    keys = [k for k in first if k in value] + [k for k in value if k not in first]
+    out = {}
+    for key in keys:
+        item = value[key]
+        if key == "function":
+            item = _ordered(item, _FUNCTION_KEYS)
+        elif key == "parameters":
+            item = _ordered(item, _SCHEMA_KEYS)
+        out[key] = item
+    return out

@@ -107,12 +107,21 @@ class TransformersEngine:
             if self.tokenizer.eos_token_id is not None
             else next(iter(self.eos))
         )
+        from trl.chat_template_utils import (
+            add_response_schema,
+            get_training_chat_template,
+            is_chat_template_prefix_preserving,
+        )
+
+        # TRL's rule for multi-turn training: a chat template that is not prefix-preserving
+        # is replaced by TRL's training variant of it (the one an SFT warm-up trains on too).
+        self.chat_template: str | None = getattr(trainer, "chat_template", None)
+        if self.chat_template is None and not is_chat_template_prefix_preserving(self.tokenizer):
+            self.chat_template = get_training_chat_template(self.tokenizer)
         if (
             getattr(self.tokenizer, "response_template", None) is None
             and getattr(self.tokenizer, "response_schema", None) is None
         ):
-            from trl.chat_template_utils import add_response_schema
-
             try:
                 add_response_schema(self.tokenizer)
             except ValueError:  # a template TRL cannot parse tool calls of: text answers only
@@ -124,7 +133,7 @@ class TransformersEngine:
         ids = self.tokenizer.apply_chat_template(
             messages,
             tools=tools or None,
-            chat_template=getattr(trainer, "chat_template", None),
+            chat_template=self.chat_template,
             add_generation_prompt=generation,
             tokenize=True,
             return_dict=False,

@@ -30,7 +30,7 @@ import redis
 from app.core.embedded import redis_py_url
 from app.core.services import redis_url
 from app.gateway import wire
-from app.gateway.samples import Sample, StoredCall, stitch
+from app.gateway.samples import Sample, StoredCall, canonical_tools, stitch
 from app.observability import prometheus
 from app.runs.spec.environments import GatewayEnvironment
 from app.runs.spec.parsed import RunSpec
@@ -301,7 +301,7 @@ class GatewayRollouts:
                     reply_to=str(ask["reply_to"]),
                     request=request,
                     messages=template_messages(list(request.get("messages") or [])),
-                    tools=request.get("tools") or None,
+                    tools=canonical_tools(request.get("tools") or None),
                 )
                 self._prompt(call, int(ask.get("issue", 0)))
             except BadCall as exc:

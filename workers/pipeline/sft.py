@@ -162,6 +162,7 @@ def warm_up(
     from transformers import AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
+    from app.gateway.samples import canonical_tools
     from workers.pipeline.hooks import SftCallback
     from workers.pipeline.trackers import tracker_callbacks
 
@@ -172,7 +173,7 @@ def warm_up(
     tokenizer = AutoTokenizer.from_pretrained(spec.model_name)
     environment = spec.environment
     tools = (
-        environment.tools  # a gateway run's: the tools its harness offers
+        canonical_tools(environment.tools)  # a gateway run's: the tools its harness offers
         if environment is not None and environment.type == "gateway"
         else tool_schemas(factory)
     )
