@@ -3,8 +3,12 @@ wrong becomes a tool error the model sees, recorded with the call, instead of an
 that would end the episode, the step or the worker.
 
 TRL's tool loop calls each tool synchronously from the training thread and turns an
-exception into the tool message ``{'error': ...}``; a call here therefore ends either with
-its (capped) text or with :class:`ToolFailed` carrying a message written for the model.
+exception ``e`` into the tool message ``{'error': str(e)}``; a call here therefore ends
+either with its (capped) text or with :class:`ToolFailed` whose text is what the model is
+shown (:func:`shown`): by default exactly TRL's, so a run shows its model what the same
+environment shows it under plain TRL; with ``tool_errors: typed``, the exception's type
+first. A timeout, a result cut at the cap, an MCP server's error have messages of their
+own (TRL has no deadline or cap).
 """
 
 from __future__ import annotations
@@ -23,14 +27,20 @@ TRUNCATED = "\n[... output truncated: {cut} of {total} characters not shown]"
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The run's ``environment.tool_timeout_seconds`` and ``max_tool_output_chars``."""
+    """How every call of the run is guarded: its ``environment.tool_timeout_seconds``,
+    ``max_tool_output_chars`` and ``tool_errors``."""
 
     timeout: float
     max_output_chars: int
+    tool_errors: str = "trl"
 
     @classmethod
     def of(cls, spec: dict[str, Any]) -> Limits:
-        return cls(float(spec["tool_timeout_seconds"]), int(spec["max_tool_output_chars"]))
+        return cls(
+            float(spec["tool_timeout_seconds"]),
+            int(spec["max_tool_output_chars"]),
+            str(spec.get("tool_errors") or "trl"),
+        )
 
 
 @dataclass(slots=True)
@@ -106,10 +116,20 @@ def with_deadline(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float
 
 
 def describe(exc: BaseException) -> str:
-    if isinstance(exc, ToolFailed):
-        return str(exc)
+    """The exception's type and text: ``ZeroDivisionError: cannot divide by zero``."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def shown(exc: BaseException, tool_errors: str) -> str:
+    """What the model is shown for a call that raised ``exc`` (inside TRL's ``{'error':
+    ...}``): a message of ours (:class:`ToolFailed`: a timeout, an MCP tool's error) as it
+    is; else with ``trl``, TRL's own ``str(e)``; with ``typed``, :func:`describe`'s type
+    and text. A ``SystemExit`` or ``KeyboardInterrupt`` raised by a tool, which would end
+    a plain TRL script, reaches here as a ToolFailed already typed by the guard."""
+    if isinstance(exc, ToolFailed):
+        return str(exc)
+    return str(exc) if tool_errors == "trl" else describe(exc)
 
 
 def call_tool(
@@ -130,7 +150,7 @@ def call_tool(
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt, SystemExit: the worker's own, not the tool's
         outcome = "timeout" if isinstance(exc, ToolTimeout) else "error"
-        message, _ = cap(describe(exc), min(limits.max_output_chars, 2000))
+        message, _ = cap(shown(exc, limits.tool_errors), min(limits.max_output_chars, 2000))
         record.error = message
         raise (type(exc) if isinstance(exc, ToolFailed) else ToolFailed)(message) from None
     finally:
