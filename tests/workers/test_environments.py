@@ -170,6 +170,51 @@ def test_user_class_gets_its_args_and_the_row_and_keeps_episode_state() -> None:
     assert counter.read() == "count=2"  # state is per episode
 
 
+def test_a_class_on_trls_contract_runs_as_trl_runs_it() -> None:
+    """The same class as under plain TRL: reset with the row, its methods the tools, a
+    failed call shown as TRL's loop shows it, get_reward() called with no arguments."""
+    env = load(type="python", factory=f"{USER}:SmallCalculator")
+    assert env.tool_names == ["add", "multiply"]
+    calc = started(env, context=json.dumps({"answer": 7}))
+    assert calc._reward("anything", []) == 0.0
+    assert calc.add(a=3, b=4) == "7"
+    with pytest.raises(ToolFailed) as caught:
+        calc.multiply(a=5, b=1)
+    # TRL's tool loop: ``except Exception as e: result = {"error": str(e)}``, then str().
+    bare = agent_tools.SmallCalculator()
+    with pytest.raises(ValueError) as raised:
+        bare.multiply(a=5, b=1)
+    assert str({"error": str(caught.value)}) == str({"error": str(raised.value)})
+    assert str(caught.value) == "5 is too large: this calculator takes numbers up to 4"
+    assert calc._reward("anything", []) == 1.0  # its state says a result was the answer
+    # Arguments that are not an object fail inside TRL, naming the user's method as there.
+    with pytest.raises(TypeError) as trl_refusal:
+        calc.add(**"3")  # type: ignore[arg-type]
+    with pytest.raises(TypeError) as plain_refusal:
+        bare.add(**"3")  # type: ignore[arg-type]
+    assert str(trl_refusal.value) == str(plain_refusal.value)
+    assert "tests.support.agent_tools.SmallCalculator.add()" in str(trl_refusal.value)
+
+
+@pytest.mark.parametrize(
+    ("factory", "reward", "given"),
+    [
+        ("KwargsReward", 0.5, {}),  # **kwargs: nothing, as TRL
+        ("AsyncMessagesReward", 2.0, None),  # names messages: given them; async: awaited
+        ("Counter", 1.0, None),  # names completion: given it
+    ],
+)
+def test_get_reward_gets_completion_and_messages_only_by_name(
+    factory: str, reward: float, given: dict[str, Any] | None
+) -> None:
+    env = load(type="python", factory=f"{USER}:{factory}")
+    episode = started(env)
+    messages = [{"role": "user", "content": "count"}, {"role": "assistant", "content": "0"}]
+    assert episode._reward("0", messages) == reward
+    if given is not None:
+        assert episode._inner.given == given
+
+
 # --- what cannot be loaded ---------------------------------------------------------------
 
 
@@ -191,6 +236,11 @@ def test_user_class_gets_its_args_and_the_row_and_keeps_episode_state() -> None:
         (
             {"type": "python", "factory": f"{USER}:NoReset"},
             r"has no reset method \(TRL's environment contract\)",
+        ),
+        (
+            {"type": "python", "factory": f"{USER}:RewardNeedsAnswer"},
+            r"get_reward needs answer, which nothing gives it: TRL calls get_reward\(\) with "
+            r"no arguments, and Trainyard offers only completion and messages",
         ),
         (
             {"type": "python", "factory": f"{USER}:greet"},
@@ -222,6 +272,7 @@ def test_user_class_gets_its_args_and_the_row_and_keeps_episode_state() -> None:
         "unknown-module",
         "unknown-class",
         "no-reset",
+        "reward-needs-what-nobody-gives",
         "not-a-class",
         "no-docstring",
         "no-type-hints",
