@@ -410,12 +410,20 @@ class Services(Trainyard):
         )
 
 
+def writes_behind() -> bool:
+    """Whether the worker's step writes go behind training (``WriteBehind``, which moved
+    from training.py to steps.py) rather than the training thread waiting for each."""
+    return any(
+        p.exists() and "WriteBehind" in p.read_text() for p in (SNAPSHOT, STEPS_PY, TRAINING_PY)
+    )
+
+
 def pipeline_version(path: Path) -> str:
     """training.py's hash and how it writes (the training thread waits, or write-behind)."""
     import hashlib
 
     text = path.read_text()
-    mode = "write-behind" if "WriteBehind" in text else "synchronous writes"
+    mode = "write-behind" if writes_behind() else "synchronous writes"
     return f"training.py {hashlib.sha256(text.encode()).hexdigest()[:10]} ({mode})"
 
 
@@ -593,6 +601,7 @@ def log_sample(s: Sample) -> None:
 TRAINING_LOOP = "_inner_training_loop"
 DB_CALL = re.compile(r"\b_(\w+)\(")
 TRAINING_PY = REPO / "workers" / "pipeline" / "training.py"
+STEPS_PY = REPO / "workers" / "pipeline" / "steps.py"
 SNAPSHOT = OUT / "svs-training-loaded.py"  # training.py as the worker imported it
 # Where the training thread hands a write to the worker's event loop and waits for it:
 # ``StepBridge.db`` (synchronous writes), ``Runtime.run``, or a write-behind queue's
@@ -895,7 +904,7 @@ def profile_pair(
     return {
         "gil": gil,
         "db_thread": db,
-        "write_behind": SNAPSHOT.exists() and "WriteBehind" in SNAPSHOT.read_text(),
+        "write_behind": writes_behind(),
         "step_writes": writes,
         "script": profile_breakdown(script_raw),
         "service": profile_breakdown(worker_raw),
