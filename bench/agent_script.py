@@ -14,7 +14,8 @@ Its SFTConfig and GRPOConfig are written out here on purpose, value by value, as
 following TRL's documentation would: it stands for plain TRL, so it must not borrow the
 service's mapping (a mistake in that mapping would then hide in both sides).
 
-    .venv/bin/python bench/agent_script.py --model DIR --run RUN.json --inputs-file FILE
+    .venv/bin/python bench/agent_script.py --model DIR --run RUN.json --inputs-file FILE \
+        [--environment package.module:Class]
 
 ``--run`` is the run as the API stores it (every default filled in: the harness writes it
 with ``RunCreate.model_validate(body).model_dump(mode="json")``); ``--inputs-file`` a JSON
@@ -32,6 +33,8 @@ checkpoints written.
 from __future__ import annotations
 
 import argparse
+import importlib
+import inspect
 import json
 import math
 import os
@@ -69,8 +72,8 @@ class Calculator:
     def __init__(self) -> None:
         self.answer: Any = None
 
-    def reset(self, context: str | None = None, **_: Any) -> None:
-        self.answer = (json.loads(context) if context else {}).get("answer")
+    def reset(self, context: dict[str, Any] | None = None, **_: Any) -> None:
+        self.answer = (context or {}).get("answer")
 
     def add(self, a: float, b: float) -> float:
         """Add two numbers.
@@ -140,15 +143,36 @@ def final_answer(completion: Any) -> str:
     return ""
 
 
-def tool_schemas() -> list[dict[str, Any]]:
-    """The tools as the chat template gets them in GRPO, for the demonstrations' prompts."""
-    import inspect
-
+def tool_schemas(environment: type) -> list[dict[str, Any]]:
+    """The tools as the chat template gets them in GRPO (TRL's rule: the class's public
+    functions but reset and get_reward), for the demonstrations' prompts."""
     return [
         get_json_schema(method)
-        for name, method in inspect.getmembers(Calculator, predicate=inspect.isfunction)
-        if not name.startswith("_") and name != "reset"
+        for name, method in inspect.getmembers(environment, predicate=inspect.isfunction)
+        if not name.startswith("_") and name not in ("reset", "get_reward")
     ]
+
+
+def environment_class(path: str | None) -> type:
+    """``package.module:Class``, or the script's own Calculator."""
+    if path is None:
+        return Calculator
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)  # type: ignore[no-any-return]
+
+
+class RewardLog(Recorder):
+    """A Recorder that also keeps each step's mean reward as TRL logged it (the reward of an
+    environment's own ``get_reward``, which no reward function of the script sees)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rewards: list[list[float]] = []
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
+        if logs and "loss" in logs and state.global_step > len(self.rewards):
+            self.rewards.append([float(logs["reward"])])
+        super().on_log(args, state, control, logs=logs, **kw)
 
 
 def chat_message(message: dict[str, Any]) -> dict[str, Any]:
@@ -170,12 +194,12 @@ def chat_message(message: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def tokenized(tokenizer: Any, chats: list[list[dict[str, Any]]]) -> Dataset:
+def tokenized(tokenizer: Any, chats: list[list[dict[str, Any]]], environment: type) -> Dataset:
     """Each demonstration tokenized with TRL's training chat template, the mask on the
     assistant's tokens (what ``assistant_only_loss`` does). Pre-tokenized, because an Arrow
     column of tool calls would unify every call's arguments into one struct."""
     template = get_training_chat_template(tokenizer)
-    tools = tool_schemas()
+    tools = tool_schemas(environment)
     rows = []
     for chat in chats:
         out = tokenizer.apply_chat_template(
@@ -201,6 +225,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--run", type=Path, required=True, help="the resolved run, JSON")
     p.add_argument("--inputs-file", type=Path, required=True, help="JSON list, one per group")
     p.add_argument("--output-dir", type=Path, help="checkpoints and models (default: temp)")
+    p.add_argument(
+        "--environment",
+        help="package.module:Class, the environment the run names (rewarded by its"
+        " get_reward); default: the calculator of this script, rewarded for the right answer",
+    )
     return p.parse_args(argv)
 
 
@@ -211,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     inputs = json.loads(args.inputs_file.read_text())
     out = args.output_dir or Path(tempfile.mkdtemp(prefix="agent-script-"))
     cuda = torch.cuda.is_available()
+    environment = environment_class(args.environment)
     rewards_per_call: list[list[float]] = []
 
     def reward_fn(completions: list[Any], environments: list[Calculator], **_: Any) -> list[float]:
@@ -222,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
         return rewards
 
     reward_fn.__name__ = "environment"
-    recorder = Recorder()
+    # An environment of the run's own is rewarded by its get_reward, which TRL adds by itself.
+    own_reward = args.environment is not None
+    recorder = RewardLog() if own_reward else Recorder()
     g = run["rollouts_per_group"]
     accumulation = grpo["gradient_accumulation_steps"]
     system = [{"role": "system", "content": run["system_prompt"]}] if run["system_prompt"] else []
@@ -252,7 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                 gradient_checkpointing=grpo["gradient_checkpointing"],
                 use_cpu=not cuda,
             ),
-            train_dataset=tokenized(tokenizer, [e["messages"] for e in sft["examples"]]),
+            train_dataset=tokenized(
+                tokenizer, [e["messages"] for e in sft["examples"]], environment
+            ),
             processing_class=tokenizer,
         )
     )
@@ -267,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         [
             {
                 "prompt": [*system, {"role": "user", "content": i["input_text"]}],
-                "context": json.dumps(i.get("context")),
+                # The context object, as Trainyard's reset gets it.
+                "context": i.get("context") or {},
             }
             for i in inputs
         ]
@@ -310,11 +345,11 @@ def main(argv: list[str] | None = None) -> int:
     trainer = quiet(
         GRPOTrainer(
             model=str(warmed),
-            reward_funcs=reward_fn,
+            reward_funcs=None if own_reward else reward_fn,
             args=config,
             train_dataset=dataset,
             callbacks=[recorder],
-            environment_factory=Calculator,
+            environment_factory=environment,
         )
     )
     t1 = time.monotonic()
@@ -330,7 +365,7 @@ def main(argv: list[str] | None = None) -> int:
         **result(
             trainer,
             recorder,
-            rewards_per_call,
+            recorder.rewards if isinstance(recorder, RewardLog) else rewards_per_call,
             out,
             final,
             started=t0,

@@ -15,6 +15,8 @@ and are printed. See bench/README.md.
     .venv/bin/python bench/service_vs_script.py --repeats 5 --profile
     .venv/bin/python bench/service_vs_script.py --steps 20 --repeats 1 --output bench/out/b.md
     .venv/bin/python bench/service_vs_script.py --agent   # agent-calculator.yaml vs agent_script.py
+    .venv/bin/python bench/service_vs_script.py --agent --profile \
+        --environment tests.support.agent_tools:SmallCalculator   # tools that fail
 
 Needs PostgreSQL (trust or password auth; database bench_service is dropped and created)
 and Redis (db 12, keys under a prefix of their own). Standard library, httpx, psutil, the
@@ -74,13 +76,16 @@ from kit.trainyard import (
     preset_run,
 )
 
-MARK_START, MARK_END = markers("service-vs-script")
+SECTION = "service-vs-script"  # the docs/benchmarks.md section, and bench/out/ JSON, of a case
 SCRIPT = BENCH / "grpo_script.py"
 STEP_WRITES = BENCH / "step_writes.py"
 DB_NAME = "bench_service"
 TARGET = 1.05  # issue 9: the service costs at most 5% over the plain script
 # --agent: a multi-turn run of configs/runs/agent-calculator.yaml against bench/agent_script.py
-AGENT_MARK_START, AGENT_MARK_END = markers("service-vs-script-agent")
+AGENT_SECTION = "service-vs-script-agent"
+# --agent --environment CLASS: the same run in a python environment of its own (both sides
+# train in that one class), a section of its own
+ENVIRONMENT_SECTION = "service-vs-script-agent-environment"
 AGENT_SCRIPT = BENCH / "agent_script.py"
 AGENT_TARGET = 1.10  # issue 10: a multi-turn run through the service within 1.10x
 TABLES = ("trajectories", "metric_points", "run_events", "runs", "checkpoints", "task_inputs")
@@ -101,7 +106,10 @@ def run_body(
             steps=steps,
             save_steps=args.save_steps,
             name="bench",
-            overrides=("sft.epochs=1",) if warm_up else (),
+            overrides=(
+                *(("sft.epochs=1",) if warm_up else ()),
+                *((f"environment.factory={args.environment}",) if args.environment else ()),
+            ),
         )
     return preset_run(LETTERS, model, steps=steps, save_steps=args.save_steps, name="bench")
 
@@ -138,13 +146,24 @@ def planned_inputs(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def agent_script_command(
-    run: dict[str, Any], model: Path, run_file: Path, inputs_file: Path, output_dir: Path
+    run: dict[str, Any],
+    model: Path,
+    run_file: Path,
+    inputs_file: Path,
+    output_dir: Path,
+    environment: str | None = None,
 ) -> list[str]:
-    """agent_script.py on the resolved run; refuses settings the script does not mirror."""
+    """agent_script.py on the resolved run (in ``environment``, a class of the run's own,
+    or the calculator); refuses settings the script does not mirror."""
     g, env, sft = run["grpo"], run["environment"] or {}, run["sft"] or {}
     unmirrored = {
-        "environment (the script has the calculator only)": (env.get("type"), env.get("factory"))
-        != ("python", "calculator"),
+        "environment (the script has the calculator or --environment)": (
+            env.get("type"),
+            env.get("factory"),
+        )
+        != ("python", environment or "calculator"),
+        "environment.tool_errors (the script shows what TRL shows)": env.get("tool_errors")
+        != "trl",
         "reward": [f["name"] for f in run["reward"].get("functions", [])] != ["environment"],
         "sft.examples (the script has no training-data query)": not sft.get("examples"),
         "grpo.lora": g.get("lora") is not None,
@@ -166,6 +185,7 @@ def agent_script_command(
         str(inputs_file),
         "--output-dir",
         str(output_dir),
+        *(["--environment", environment] if environment else []),
     ]
 
 
@@ -338,6 +358,15 @@ class Database:
             or []
         )
 
+    def tool_counts(self, run_id: str) -> dict[str, int]:
+        """The run's episodes' tool calls and failed calls (their ``metadata`` counts)."""
+        return self.json(
+            "SELECT json_build_object("
+            "'tool_calls', coalesce(sum((metadata->>'tool_calls')::int), 0),"
+            "'tool_errors', coalesce(sum((metadata->>'tool_errors')::int), 0))::text"
+            f" FROM trajectories WHERE run_id = '{run_id}'"
+        ) or {"tool_calls": 0, "tool_errors": 0}
+
     def checkpoints(self, run_id: str) -> list[str]:
         rows = (
             self.json(
@@ -381,12 +410,20 @@ class Services(Trainyard):
         )
 
 
+def writes_behind() -> bool:
+    """Whether the worker's step writes go behind training (``WriteBehind``, which moved
+    from training.py to steps.py) rather than the training thread waiting for each."""
+    return any(
+        p.exists() and "WriteBehind" in p.read_text() for p in (SNAPSHOT, STEPS_PY, TRAINING_PY)
+    )
+
+
 def pipeline_version(path: Path) -> str:
     """training.py's hash and how it writes (the training thread waits, or write-behind)."""
     import hashlib
 
     text = path.read_text()
-    mode = "write-behind" if "WriteBehind" in text else "synchronous writes"
+    mode = "write-behind" if writes_behind() else "synchronous writes"
     return f"training.py {hashlib.sha256(text.encode()).hexdigest()[:10]} ({mode})"
 
 
@@ -481,6 +518,7 @@ def measure_service(
             "volume": volume,
             "pg_stats": stats,
             "events": len(events),
+            **services.db.tool_counts(run_id),
         },
     )
     log_sample(sample)
@@ -563,6 +601,7 @@ def log_sample(s: Sample) -> None:
 TRAINING_LOOP = "_inner_training_loop"
 DB_CALL = re.compile(r"\b_(\w+)\(")
 TRAINING_PY = REPO / "workers" / "pipeline" / "training.py"
+STEPS_PY = REPO / "workers" / "pipeline" / "steps.py"
 SNAPSHOT = OUT / "svs-training-loaded.py"  # training.py as the worker imported it
 # Where the training thread hands a write to the worker's event loop and waits for it:
 # ``StepBridge.db`` (synchronous writes), ``Runtime.run``, or a write-behind queue's
@@ -613,6 +652,14 @@ def classify(frames: list[str], source: list[str]) -> str:
         return "checkpoint / model save"
     if any(n.split(".")[-1] == "generate" for n in names):
         return "generation"
+    # An agent run's: TRL's tool loop outside generation (the calls, their guard), and the
+    # chat template rendering prompts and tool results.
+    if any(n.endswith("_tool_call_loop") for n in names) and not any(
+        n.endswith(("apply_chat_template", "_get_tool_suffix_ids")) for n in names
+    ):
+        return "tool calls"
+    if any(n.endswith(("apply_chat_template", "_get_tool_suffix_ids")) for n in names):
+        return "chat template"
     if any(n.endswith("_calculate_rewards") for n in names):
         return "reward function (other)"
     if "backward" in joined:
@@ -626,9 +673,29 @@ def classify(frames: list[str], source: list[str]) -> str:
     return "other"
 
 
+def in_warm_up(frames: list[str]) -> bool:
+    """Whether a sample is an agent run's SFT warm-up (the same Trainer loop as GRPO's, so
+    told apart by its caller): the worker's workers/pipeline/sft.py, or the line of
+    agent_script.py that trains the SFTTrainer."""
+    for frame in frames:
+        _, path, line = frame_parts(frame)
+        if path.endswith("pipeline/sft.py"):
+            return True
+        if path.endswith("agent_script.py") and line in SFT_TRAIN_LINES:
+            return True
+    return False
+
+
+SFT_TRAIN_LINES = {
+    n
+    for n, text in enumerate(AGENT_SCRIPT.read_text().splitlines(), 1)
+    if "sft_trainer.train(" in text
+}
+
+
 def profile_breakdown(path: Path) -> dict[str, float]:
     """Seconds of the training thread per activity, from py-spy's raw output (--idle, so
-    every sample is wall time)."""
+    every sample is wall time); GRPO's training loop only, an agent run's warm-up left out."""
     loaded = SNAPSHOT if SNAPSHOT.exists() else TRAINING_PY
     source = loaded.read_text().splitlines() if loaded.exists() else []
     counts: collections.Counter[str] = collections.Counter()
@@ -636,7 +703,10 @@ def profile_breakdown(path: Path) -> dict[str, float]:
         stack, _, count = line.rpartition(" ")
         if TRAINING_LOOP not in stack or not count.isdigit():
             continue
-        counts[classify(stack.split(";")[1:], source)] += int(count)
+        frames = stack.split(";")[1:]
+        if in_warm_up(frames):
+            continue
+        counts[classify(frames, source)] += int(count)
     return {k: v / PYSPY_RATE for k, v in counts.most_common()}
 
 
@@ -812,7 +882,9 @@ def profile_pair(
     db = db_thread_breakdown(worker_raw)
     busy_ms = round(sum(db["library"].values()) / max(service.extra["steps"], 1) * 1e3)
     gil = {"busy_ms_per_100ms": busy_ms}
-    if busy_ms > 0:
+    # Not for an agent run: its event-loop thread's time includes the SFT warm-up's writes,
+    # which are not the GRPO steps'.
+    if busy_ms > 0 and not args.agent:
         plain, loaded = [], []
         for i in (1, 2):  # interleaved, medians of two
             plain.append(measure_script(args, servers, cmd, 0, label=f"svs-script-plain-{i}"))
@@ -832,7 +904,7 @@ def profile_pair(
     return {
         "gil": gil,
         "db_thread": db,
-        "write_behind": SNAPSHOT.exists() and "WriteBehind" in SNAPSHOT.read_text(),
+        "write_behind": writes_behind(),
         "step_writes": writes,
         "script": profile_breakdown(script_raw),
         "service": profile_breakdown(worker_raw),
@@ -1170,19 +1242,37 @@ def render_section(
     )
     if args.agent:
         sft = run["sft"]
+        where, reward = (
+            "the calculator environment (add, subtract, multiply, divide)",
+            "reward 1 for the right final answer",
+        )
+        if args.environment:
+            cls = run["environment"]["factory"]
+            where = (
+                f"the python environment `{cls}`, the same class on both sides (the run's"
+                " `environment.factory`, the script's `environment_factory`)"
+            )
+            reward = "reward its `get_reward()` (the run's `environment` function; TRL's own)"
+            errors = sum(s.extra.get("tool_errors", 0) for s in service[:1])
+            calls = sum(s.extra.get("tool_calls", 0) for s in service[:1])
+            if calls:
+                where += (
+                    f"; of the {calls} tool calls of the first repetition's service run,"
+                    f" {errors} failed ({100 * errors / calls:.0f}%)"
+                )
         work = (
             f"- Work: `configs/runs/agent-calculator.yaml` on the agent tiny Llama (`trainyard"
             f" tiny-model --tools`, Qwen2.5's chat template): an SFT warm-up of {sft['epochs']}"
             f" epochs on its {len(sft['examples'])} demonstrations (batch {sft['batch_size']},"
             f" lr {sft['learning_rate']:g}, loss on assistant tokens, a checkpoint every epoch"
             f" on both sides as the worker keeps them), then {run['max_steps']} GRPO steps from"
-            f" its model in the calculator environment (add, subtract, multiply, divide; at"
+            f" its model in {where} (at"
             f" most {run['environment']['max_turns']} tool rounds per episode, TRL's"
             f" `max_tool_calling_iterations`): {g['groups_per_step']} groups of"
             f" {run['rollouts_per_group']} rollouts per step, {g['max_completion_length']}"
             f" completion tokens, lr {run['learning_rate']:g}, beta {g['beta']:g}, temperature"
-            f" {g['temperature']:g}, loss {g['loss_type']}, seed {g['seed']}, reward 1 for the"
-            f" right final answer, checkpoints every {g['save_steps']} steps plus the final"
+            f" {g['temperature']:g}, loss {g['loss_type']}, seed {g['seed']}, {reward},"
+            f" checkpoints every {g['save_steps']} steps plus the final"
             f" model on both sides, no evaluation. Same inputs in the same order: {same_order}."
         )
         script_side = (
@@ -1194,8 +1284,12 @@ def render_section(
             " (status `warming_up`)."
         )
     parts = [
-        AGENT_MARK_START if args.agent else MARK_START,
-        "## Agent runs: a multi-turn run through Trainyard vs the same TRL script"
+        markers(section_name(args))[0],
+        (
+            f"## Agent runs in `{args.environment}`: through Trainyard vs the same TRL script"
+            if args.environment
+            else "## Agent runs: a multi-turn run through Trainyard vs the same TRL script"
+        )
         if args.agent
         else "## Service overhead: a run through Trainyard vs the same TRL script",
         "",
@@ -1249,11 +1343,18 @@ def render_section(
         parts += ["### Where the time goes", "", *where_the_time_goes(script, service, profile), ""]
     if profile:
         parts += [*render_profile(profile), ""]
-    parts.append(AGENT_MARK_END if args.agent else MARK_END)
+    parts.append(markers(section_name(args))[1])
     return "\n".join(parts) + "\n"
 
 
 # -------------------------------------------------------------------------------- main
+
+
+def section_name(args: argparse.Namespace) -> str:
+    """The name of the section these options write, and of their JSON in bench/out/."""
+    if args.agent:
+        return ENVIRONMENT_SECTION if args.environment else AGENT_SECTION
+    return SECTION
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -1277,6 +1378,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="the multi-turn case: configs/runs/agent-calculator.yaml (SFT warm-up, then GRPO"
         " with the calculator's tools) on the agent tiny model, against bench/agent_script.py;"
         " its own section in the output",
+    )
+    p.add_argument(
+        "--environment",
+        metavar="PACKAGE.MODULE:CLASS",
+        help="with --agent: train in this python environment class on both sides (the run's"
+        " environment.factory; the script's environment_factory, rewarded by its get_reward)"
+        " instead of the calculator, e.g. tests.support.agent_tools:SmallCalculator, whose"
+        " tools fail; its own section in the output",
     )
     p.add_argument(
         "--profile",
@@ -1312,8 +1421,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.repeats < 1 or args.steps < 1:
         p.error("--repeats and --steps must be at least 1")
-    if args.agent and args.profile:
-        p.error("--profile is for the single-turn case only")
+    if args.environment and not args.agent:
+        p.error("--environment is for the agent case (--agent)")
     return args
 
 
@@ -1346,7 +1455,12 @@ def main(argv: list[str] | None = None) -> int:
             def command(name: str) -> list[str]:
                 if args.agent:
                     return agent_script_command(
-                        run, model, home / "run.json", inputs_file, home / f"script-{name}"
+                        run,
+                        model,
+                        home / "run.json",
+                        inputs_file,
+                        home / f"script-{name}",
+                        args.environment,
                     )
                 return script_command(run, model, prompts_file, home / f"script-{name}")
 
@@ -1390,12 +1504,10 @@ def main(argv: list[str] | None = None) -> int:
     section = render_section(
         args, script_samples, service_samples, cold, profile, versions, started, run, load_start
     )
-    start_mark, end_mark = (
-        (AGENT_MARK_START, AGENT_MARK_END) if args.agent else (MARK_START, MARK_END)
-    )
+    start_mark, end_mark = markers(section_name(args))
     target = AGENT_TARGET if args.agent else TARGET
     write_section(args.output, section, start_mark, end_mark)
-    (OUT / ("service_vs_script_agent.json" if args.agent else "service_vs_script.json")).write_text(
+    (OUT / f"{section_name(args).replace('-', '_')}.json").write_text(
         json.dumps(
             {
                 "started": started,

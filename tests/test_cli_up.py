@@ -155,6 +155,38 @@ def test_a_killed_worker_or_api_is_restarted_and_the_rest_stays_up(folder: Path)
     wait_for("the embedded servers to stop", lambda: not servers_under(up.home), 10)
 
 
+@pytest.mark.slow
+def test_a_second_up_leaves_the_user_file_of_a_running_one_alone(folder: Path) -> None:
+    """~/.trainyard/up.json belongs to the `up` it names while that one runs: an `up` in a
+    second folder writes only its own folder's file and says which one it left alone."""
+    one_dir, two_dir = folder / "one", folder / "two"
+    one_dir.mkdir()
+    two_dir.mkdir()
+    env = user_env(folder / "user")
+    user_file = folder / "user" / ".trainyard" / "up.json"
+    first = Up(one_dir, env, folder / "one.log")
+    second = Up(two_dir, env, folder / "two.log")
+    try:
+        one = first.start()
+        assert json.loads(user_file.read_text()) == one
+        two = second.start()
+        key_line = f"saved in {second.state_file}: "
+        wait_for("the second up to print its key", lambda: key_line in second.output(), 30)
+        said = second.output()
+        assert f"left {user_file} alone: it names the `trainyard up` running for " in said
+        assert f"{one['home']} (pid {one['pid']}, API at {one['api_url']})" in said
+        assert json.loads(user_file.read_text()) == one  # still the first's
+        assert two["pid"] == second.proc.pid and two["api_url"] != one["api_url"]
+        # From a third folder, a command still reaches the first.
+        found = cli("status", "--json", cwd=folder, env=env)
+        assert json.loads(found.stdout)["pid"] == one["pid"], found.stderr
+    finally:
+        code = second.stop()
+    assert code == 0, second.output()
+    assert json.loads(user_file.read_text()) == one  # its stop did not write it either
+    assert first.stop() == 0, first.output()
+
+
 def _embedded_servers(home: Path) -> list[int]:
     """The pids of the embedded PostgreSQL postmaster and Redis server."""
     pidfiles = (home / "pg" / "postmaster.pid", home / "redis" / "redis.pid")

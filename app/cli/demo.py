@@ -121,7 +121,7 @@ def episode_line(step: int, trajectory: dict[str, Any]) -> str:
             result = results.get(call.get("id"))
             if result is None:
                 shown = "(no result)"
-            elif result.get("error"):
+            elif result.get("error") is not None:
                 shown = f"error: {_short(str(result['error']))}"
             else:
                 shown = _short(str(result.get("content") or ""))

@@ -4,7 +4,8 @@
 its own and its children's pids) to ``<home>/up.json``; when ``TRAINYARD_HOME`` is not set
 (home is the current folder's ``.trainyard``) it writes the same file to
 ``~/.trainyard/up.json`` too, so that a command run from any other folder finds the ``up``
-last started without exports. Client commands (``keys``, ``runs``, ``data``, and
+last started without exports, unless that file names another ``up`` still running
+(:func:`held_by_another`): that one keeps it. Client commands (``keys``, ``runs``, ``data``, and
 :func:`app.core.services.client_database_url`) read it with :func:`find_installation`, and
 say there is none with :func:`no_installation`.
 """
@@ -101,6 +102,15 @@ def write_state(path: Path, installation: Installation) -> None:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
         raise
+
+
+def held_by_another(path: Path, pid: int) -> Installation | None:
+    """The running ``up``, other than process ``pid``, that the state file at ``path``
+    names: while it runs the file is its own, and no other ``up`` writes it."""
+    found = read_state(path)
+    if found is not None and found.pid != pid and found.running():
+        return found
+    return None
 
 
 def find_installation(settings: Settings) -> Installation | None:

@@ -97,7 +97,7 @@ def message_lines(message: dict[str, Any]) -> list[str]:
     if message.get("tool_call_id"):
         head += f" (answers {message['tool_call_id']})"
     notes = []
-    if message.get("error"):
+    if message.get("error") is not None:
         notes.append(f"error: {' '.join(str(message['error']).split())}")
     if message.get("duration_ms") is not None:
         notes.append(f"{message['duration_ms']} ms")

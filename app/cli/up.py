@@ -89,6 +89,7 @@ def up(
 
     from app.cli.installation import (
         Installation,
+        held_by_another,
         read_state,
         state_files,
         write_state,
@@ -97,6 +98,7 @@ def up(
     settings = _settings()
     home = settings.home.expanduser().resolve()
     paths = state_files(settings)
+    me = psutil.Process()
     previous = read_state(paths[0])
     if previous is not None and previous.running():
         raise CliError(
@@ -107,14 +109,29 @@ def up(
     started: list[Any] = []
     supervisor: Supervisor | None = None
     state: Installation | None = None
+    left_alone: set[Path] = set()
 
     def say(message: str) -> None:
         err.print(f"[dim]up:[/] {message}", highlight=False)
 
-    def save() -> None:
+    def save() -> list[Path]:
+        """Write the state where this ``up`` may; the files written."""
+        written = []
         if state is not None:
             for path in paths:
-                write_state(path, state)
+                other = held_by_another(path, me.pid)
+                if other is None:
+                    write_state(path, state)
+                    written.append(path)
+                elif path not in left_alone:
+                    left_alone.add(path)
+                    say(
+                        f"left {path} alone: it names the `trainyard up` running for "
+                        f"{other.home} (pid {other.pid}, API at {other.api_url}), which "
+                        "commands outside this folder keep finding; they find this one with "
+                        f"TRAINYARD_HOME={home}"
+                    )
+        return written
 
     def on_change() -> None:
         nonlocal state
@@ -183,7 +200,6 @@ def up(
             # Its user's own key: every route, webhooks included.
             made_id, key = create_key(db_url, UP_PROJECT, "trainyard up", Role.admin)
             key_id = made_id
-        me = psutil.Process()
         state = Installation(
             home=str(home),
             api_url=url,
@@ -195,11 +211,11 @@ def up(
             api_key_id=key_id,
             children=supervisor.pids(),
         )
-        save()
+        written = save()
         err.print(f"[bold green]Trainyard is up[/] on {url}  (Ctrl-C stops it)", highlight=False)
         err.print(
             f"API key (project {UP_PROJECT!r}): {key}\n"
-            f"[dim]saved in {' and '.join(map(str, paths))}: `trainyard runs …` in another "
+            f"[dim]saved in {' and '.join(map(str, written))}: `trainyard runs …` in another "
             "terminal uses it; `trainyard keys create --project NAME` makes more",
             highlight=False,
         )

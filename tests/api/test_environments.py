@@ -13,7 +13,12 @@ from app.runs.spec.environments import BUILTIN_ENVIRONMENTS, BUILTIN_TOOLS
 from tests.support.database import Tenant
 from tests.support.runs import run_body
 
-EPISODE_DEFAULTS = {"max_turns": 4, "tool_timeout_seconds": 10, "max_tool_output_chars": 4000}
+EPISODE_DEFAULTS = {
+    "max_turns": 4,
+    "tool_timeout_seconds": 10,
+    "max_tool_output_chars": 4000,
+    "tool_errors": "trl",
+}
 ENVIRONMENT_REWARD = {"type": "function", "functions": [{"name": "environment"}]}
 
 
@@ -148,6 +153,11 @@ MCP = "body.environment.mcp"
             {"environment": {"type": "tools", "tools": ["add"], "max_tool_output_chars": 99}},
             f"{TOOLS}.max_tool_output_chars",
             "100",
+        ),
+        (
+            {"environment": {"type": "tools", "tools": ["add"], "tool_errors": "verbose"}},
+            f"{TOOLS}.tool_errors",
+            "'trl' or 'typed'",
         ),
         (
             {"environment": {"type": "python", "factory": "chess"}},

@@ -129,6 +129,79 @@ class Counter:
         return float(completion.strip() == str(self.count))
 
 
+class KwargsReward(Counter):
+    """``get_reward(**kwargs)`` is called as TRL calls it: with nothing."""
+
+    def get_reward(self, **kwargs: Any) -> float:  # type: ignore[override]
+        self.given = kwargs
+        return 0.5
+
+
+class AsyncMessagesReward(Counter):
+    """An async ``get_reward`` that names ``messages``, Trainyard's opt-in: awaited, given
+    the conversation."""
+
+    async def get_reward(self, messages: list[dict[str, Any]]) -> float:  # type: ignore[override]
+        return float(len(messages))
+
+
+class RewardNeedsAnswer(Counter):
+    """A ``get_reward`` that needs what nobody gives it."""
+
+    def get_reward(self, answer: str) -> float:  # type: ignore[override]
+        return 1.0
+
+
+class SmallCalculator:
+    """TRL's environment contract and nothing more, so that the same class runs under plain
+    TRL (``GRPOTrainer(environment_factory=SmallCalculator)``) and in Trainyard
+    (``factory: tests.support.agent_tools:SmallCalculator``): ``reset(**row)``, its public
+    methods the tools, ``get_reward()`` with no arguments.
+
+    Its tools refuse numbers above 4, so the calculator agent's model, warmed up on the
+    preset's demonstrations (many of them with a 5), often sees a tool fail. The reward is 1
+    when a tool's result was the input's answer (``context.answer``), else 0.
+    """
+
+    def __init__(self) -> None:
+        self.answer: Any = None
+        self.results: list[float] = []
+
+    def reset(self, **row: Any) -> None:
+        self.answer = (row.get("context") or {}).get("answer")
+        self.results = []
+
+    def add(self, a: float, b: float) -> float:
+        """Add two numbers.
+
+        Args:
+            a: The first number.
+            b: The second number.
+        """
+        return self._result(self._small(a) + self._small(b))
+
+    def multiply(self, a: float, b: float) -> float:
+        """Multiply two numbers.
+
+        Args:
+            a: The first factor.
+            b: The second factor.
+        """
+        return self._result(self._small(a) * self._small(b))
+
+    def get_reward(self) -> float:
+        return float(self.answer is not None and self.answer in self.results)
+
+    def _small(self, x: float) -> float:
+        if x > 4:
+            raise ValueError(f"{x} is too large: this calculator takes numbers up to 4")
+        return x
+
+    def _result(self, x: float) -> float:
+        self.results.append(x)
+        return x
+
+
 class NoReset:
     """Not an environment: TRL needs reset."""
 

@@ -108,6 +108,19 @@ def test_a_call_trl_refused_has_no_record_and_its_error_from_the_content() -> No
     assert episode.counts == {"turns": 2, "tool_calls": 2, "tool_errors": 1}  # no mask: no tokens
 
 
+def test_an_exception_without_text_is_an_error_with_an_empty_message() -> None:
+    """TRL shows ``raise ValueError()`` as ``{'error': ''}``: an error all the same."""
+    completion = [
+        assistant("", call("explode", reason="")),
+        tool("explode", "{'error': ''}"),
+        assistant("sorry"),
+    ]
+    episode = build(completion, [CallRecord("explode", 1.0, error="")], None)
+    failed = episode.messages[1]
+    assert failed["error"] == "" and failed["duration_ms"] == 1.0
+    assert episode.counts["tool_errors"] == 1
+
+
 def test_tool_text_that_only_looks_like_an_error_is_not_one() -> None:
     completion = [
         assistant("", call("echo")),

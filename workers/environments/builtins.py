@@ -4,7 +4,9 @@ Their names and summaries are listed once, in :mod:`app.runs.spec.environments`
 (``BUILTIN_TOOLS``, ``BUILTIN_ENVIRONMENTS``), which the API validates run bodies against;
 the implementations here attach to those lists by name. The environments are plain classes
 on TRL's ``environment_factory`` contract (``reset``, tool methods, ``get_reward``) and are
-loaded exactly like a user's ``package.module:Class``.
+loaded exactly like a user's ``package.module:Class``. Their ``get_reward`` names
+``completion``, Trainyard's opt-in: they reward the final answer, which a ``get_reward()``
+as TRL calls it cannot see (under plain TRL it would always score 0).
 """
 
 from __future__ import annotations

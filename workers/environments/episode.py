@@ -85,10 +85,13 @@ def tool_method(
     doc: str,
     annotations: dict[str, Any],
     body: Callable[[Episode, dict[str, Any]], str],
+    like: Callable[..., Any] | None = None,
 ) -> Callable[..., str]:
     """A method named ``name`` whose schema (as transformers' ``get_json_schema`` reads it:
     signature, type hints, Google-style docstring) is the tool's, and whose call is
-    ``body(self, kwargs)``."""
+    ``body(self, kwargs)``. ``like``: the user's function it stands for, whose module and
+    qualified name it takes, so that Python's own messages about a call TRL makes with
+    arguments that are not an object name that function, as under plain TRL."""
 
     def method(self: Episode, **kwargs: Any) -> str:
         return body(self, kwargs)
@@ -97,6 +100,9 @@ def tool_method(
     if not params or params[0].name != "self":
         params = [inspect.Parameter("self", inspect.Parameter.POSITIONAL_OR_KEYWORD), *params]
     method.__name__ = method.__qualname__ = name
+    if like is not None:
+        method.__module__ = like.__module__
+        method.__qualname__ = getattr(like, "__qualname__", name)
     method.__doc__ = doc
     method.__signature__ = signature.replace(parameters=params)  # type: ignore[attr-defined]
     method.__annotations__ = {k: v for k, v in annotations.items() if k != "self"}

@@ -5,7 +5,8 @@ methods are the tools, every one guarded (deadline, output cap, errors as tool m
 
 - ``tools``: stateless functions (built-in names or ``package.module:function``);
 - ``python``: a class on TRL's contract (a built-in or ``package.module:Class``), one
-  instance per rollout, wrapped so its methods are guarded and its ``get_reward`` is the
+  instance per rollout, wrapped so its methods are guarded and its ``get_reward`` (called
+  as TRL calls it, plus ``completion`` / ``messages`` when it names them) is the
   ``environment`` reward function's;
 - ``mcp``: the tools an MCP server offers (through the ``mcp`` SDK), their JSON schemas
   made into the methods' signatures.
@@ -153,6 +154,7 @@ def _function_tool(name: str, fn: Callable[..., Any], limits: Limits) -> Callabl
         inspect.getdoc(fn) or "",
         resolved_hints(fn),
         _guarded(fn, limits),
+        like=fn,
     )
 
 
@@ -177,11 +179,17 @@ def _tools_environment(names: list[str], limits: Limits) -> type[Episode]:
 # --- python -------------------------------------------------------------------------------
 
 
+# What Trainyard offers a get_reward beyond TRL's call with no arguments, to one that names
+# them as parameters: the final answer's text, and the whole conversation.
+REWARD_EXTRAS = ("completion", "messages")
+
+
 class _Wrapped(Episode):
     """A user's (or built-in) environment instance behind guarded tool methods."""
 
     _cls: type
     _args: dict[str, Any]
+    _reward_extras: tuple[str, ...]  # which of REWARD_EXTRAS its get_reward names
 
     def __init__(self) -> None:
         super().__init__()
@@ -194,14 +202,52 @@ class _Wrapped(Episode):
         )
 
     def _reward(self, completion: str, messages: list[dict[str, Any]]) -> float | None:
+        """``get_reward()`` as TRL calls it (no arguments; awaited when async), given only
+        those of ``completion`` and ``messages`` it names as parameters."""
         get_reward = getattr(self._inner, "get_reward", None)
         if get_reward is None:
             raise ValueError(
                 f"{self._cls.__name__} has no get_reward, so the 'environment' reward "
                 "function cannot score its episodes"
             )
-        value = get_reward(**accepted(get_reward, {"completion": completion, "messages": messages}))
+        offered = {"completion": completion, "messages": messages}
+        value = get_reward(**{k: offered[k] for k in self._reward_extras})
+        if inspect.isawaitable(value):
+            value = asyncio.run(_awaited(value))
         return None if value is None else float(value)
+
+
+async def _awaited(value: Any) -> Any:
+    return await value
+
+
+def _reward_extras(cls: type, path: str) -> tuple[str, ...]:
+    """Which of :data:`REWARD_EXTRAS` the class's ``get_reward`` names; any other parameter
+    it needs fails the run now (TRL calls it with none)."""
+    get_reward = getattr(cls, "get_reward", None)
+    if get_reward is None:
+        return ()
+    params = list(inspect.signature(get_reward).parameters.values())[1:]  # after self
+    named = tuple(
+        p.name
+        for p in params
+        if p.name in REWARD_EXTRAS
+        and p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    )
+    needed = [
+        p.name
+        for p in params
+        if p.name not in named
+        and p.default is inspect.Parameter.empty
+        and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    ]
+    if needed:
+        raise EnvironmentUnavailable(
+            f"environment {path!r}: get_reward needs {', '.join(needed)}, which nothing gives "
+            "it: TRL calls get_reward() with no arguments, and Trainyard offers only "
+            f"{' and '.join(REWARD_EXTRAS)} (to a get_reward that names them)"
+        )
+    return named
 
 
 def _python_environment(path: str, args: dict[str, Any], limits: Limits) -> type[Episode]:
@@ -220,7 +266,13 @@ def _python_environment(path: str, args: dict[str, Any], limits: Limits) -> type
         if not name.startswith("_") and name not in ("reset", "get_reward")
     }
     return environment_class(
-        f"{cls.__name__}Environment", _Wrapped, methods, limits=limits, _cls=cls, _args=args
+        f"{cls.__name__}Environment",
+        _Wrapped,
+        methods,
+        limits=limits,
+        _cls=cls,
+        _args=args,
+        _reward_extras=_reward_extras(cls, path),
     )
 
 
@@ -232,7 +284,7 @@ def _bound_tool(name: str, fn: Callable[..., Any], limits: Limits) -> Callable[.
         return _guarded(target, limits)(self, kwargs)
 
     return tool_method(
-        name, inspect.signature(fn), inspect.getdoc(fn) or "", resolved_hints(fn), body
+        name, inspect.signature(fn), inspect.getdoc(fn) or "", resolved_hints(fn), body, like=fn
     )
 
 

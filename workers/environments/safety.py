@@ -3,18 +3,23 @@ wrong becomes a tool error the model sees, recorded with the call, instead of an
 that would end the episode, the step or the worker.
 
 TRL's tool loop calls each tool synchronously from the training thread and turns an
-exception into the tool message ``{'error': ...}``; a call here therefore ends either with
-its (capped) text or with :class:`ToolFailed` carrying a message written for the model.
+exception ``e`` into the tool message ``{'error': str(e)}``; a call here therefore ends
+either with its (capped) text or with :class:`ToolFailed` whose text is what the model is
+shown (:func:`shown`): by default exactly TRL's, so a run shows its model what the same
+environment shows it under plain TRL; with ``tool_errors: typed``, the exception's type
+first. A timeout, a result cut at the cap, an MCP server's error have messages of their
+own (TRL has no deadline or cap).
 """
 
 from __future__ import annotations
 
 import json
+import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from app.observability import prometheus
 
@@ -23,14 +28,20 @@ TRUNCATED = "\n[... output truncated: {cut} of {total} characters not shown]"
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The run's ``environment.tool_timeout_seconds`` and ``max_tool_output_chars``."""
+    """How every call of the run is guarded: its ``environment.tool_timeout_seconds``,
+    ``max_tool_output_chars`` and ``tool_errors``."""
 
     timeout: float
     max_output_chars: int
+    tool_errors: str = "trl"
 
     @classmethod
     def of(cls, spec: dict[str, Any]) -> Limits:
-        return cls(float(spec["tool_timeout_seconds"]), int(spec["max_tool_output_chars"]))
+        return cls(
+            float(spec["tool_timeout_seconds"]),
+            int(spec["max_tool_output_chars"]),
+            str(spec.get("tool_errors") or "trl"),
+        )
 
 
 @dataclass(slots=True)
@@ -73,29 +84,75 @@ def cap(text: str, limit: int) -> tuple[str, bool]:
     return text[:limit] + TRUNCATED.format(cut=len(text) - limit, total=len(text)), True
 
 
+class _Runner:
+    """A daemon thread that runs tool calls one at a time, kept between calls: handing a
+    call to a waiting thread costs one wake-up, where starting a thread per call cost
+    two hand-overs (``Thread.start`` waits for the new thread) and the thread's creation,
+    which on a busy machine came to ~0.2 ms a call (``bench/tool_calls.py``).
+
+    A runner takes itself back to the idle ones after each call, however late it ends, so
+    a call that hangs keeps only its own runner: the calls after it get another one (made
+    when none is idle) and are never queued behind it.
+    """
+
+    _idle: ClassVar[list[_Runner]] = []
+    _lock: ClassVar[threading.Lock] = threading.Lock()
+
+    def __init__(self) -> None:
+        self._calls: queue.SimpleQueue[_Call] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name="tool-runner", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def take(cls) -> _Runner:
+        with cls._lock:
+            if cls._idle:
+                return cls._idle.pop()
+        return cls()
+
+    def run(self, call: _Call) -> None:
+        self._calls.put(call)
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        while True:
+            call = self._calls.get()
+            me.name = f"tool-{call.name}"  # what a hung call's thread is called meanwhile
+            call.run()
+            me.name = "tool-runner"
+            with self._lock:
+                self._idle.append(self)  # before the caller wakes: its next call reuses it
+            call.done.set()
+
+
+class _Call:
+    __slots__ = ("done", "fn", "kwargs", "name", "outcome")
+
+    def __init__(self, fn: Callable[..., Any], kwargs: dict[str, Any]) -> None:
+        self.fn, self.kwargs = fn, kwargs
+        self.name = getattr(fn, "__name__", "call")
+        self.done = threading.Event()
+        self.outcome: tuple[bool, Any] = (False, None)
+
+    def run(self) -> None:
+        try:
+            self.outcome = (True, self.fn(**self.kwargs))
+        except BaseException as exc:  # the tool's failure, whatever it is, is the model's news
+            self.outcome = (False, exc)
+
+
 def with_deadline(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float) -> Any:
-    """``fn(**kwargs)`` in a thread of its own, waited on for ``timeout`` seconds.
+    """``fn(**kwargs)`` on a thread of its own (a :class:`_Runner`), waited on for
+    ``timeout`` seconds.
 
     A Python call cannot be interrupted from outside: one that never returns keeps its
-    (daemon) thread, and the episode goes on without it. A thread per call rather than a
-    pool, so that hung calls can never starve the ones after them.
+    (daemon) thread, and the episode goes on without it.
     """
-    outcome: list[Any] = []
-    done = threading.Event()
-
-    def target() -> None:
-        try:
-            outcome.append((True, fn(**kwargs)))
-        except BaseException as exc:  # the tool's failure, whatever it is, is the model's news
-            outcome.append((False, exc))
-        finally:
-            done.set()
-
-    name = f"tool-{getattr(fn, '__name__', 'call')}"
-    threading.Thread(target=target, name=name, daemon=True).start()
-    if not done.wait(timeout):
+    call = _Call(fn, kwargs)
+    _Runner.take().run(call)
+    if not call.done.wait(timeout):
         raise ToolTimeout(f"the tool did not answer within {timeout:g} s")
-    ok, value = outcome[0]
+    ok, value = call.outcome
     if ok:
         return value
     if isinstance(value, Exception):
@@ -106,10 +163,20 @@ def with_deadline(fn: Callable[..., Any], kwargs: dict[str, Any], timeout: float
 
 
 def describe(exc: BaseException) -> str:
-    if isinstance(exc, ToolFailed):
-        return str(exc)
+    """The exception's type and text: ``ZeroDivisionError: cannot divide by zero``."""
     text = str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def shown(exc: BaseException, tool_errors: str) -> str:
+    """What the model is shown for a call that raised ``exc`` (inside TRL's ``{'error':
+    ...}``): a message of ours (:class:`ToolFailed`: a timeout, an MCP tool's error) as it
+    is; else with ``trl``, TRL's own ``str(e)``; with ``typed``, :func:`describe`'s type
+    and text. A ``SystemExit`` or ``KeyboardInterrupt`` raised by a tool, which would end
+    a plain TRL script, reaches here as a ToolFailed already typed by the guard."""
+    if isinstance(exc, ToolFailed):
+        return str(exc)
+    return str(exc) if tool_errors == "trl" else describe(exc)
 
 
 def call_tool(
@@ -130,7 +197,7 @@ def call_tool(
         if not isinstance(exc, Exception):
             raise  # KeyboardInterrupt, SystemExit: the worker's own, not the tool's
         outcome = "timeout" if isinstance(exc, ToolTimeout) else "error"
-        message, _ = cap(describe(exc), min(limits.max_output_chars, 2000))
+        message, _ = cap(shown(exc, limits.tool_errors), min(limits.max_output_chars, 2000))
         record.error = message
         raise (type(exc) if isinstance(exc, ToolFailed) else ToolFailed)(message) from None
     finally:

@@ -10,7 +10,7 @@ tools in order, so records and tool messages come in the same order; a call TRL 
 before reaching the environment (an unknown tool, arguments that are not an object) has no
 record, and its error is TRL's message; a record is matched to a tool message by tool name
 and outcome (TRL shows a failed call as ``{'error': message}``, the message the record
-holds).
+holds, whichever ``tool_errors`` style wrote it).
 """
 
 from __future__ import annotations
@@ -118,7 +118,10 @@ def build(
     counts = {
         "turns": sum(1 for m in messages if m["role"] == "assistant"),
         "tool_calls": sum(1 for m in messages if m["role"] == "tool"),
-        "tool_errors": sum(1 for m in messages if m["role"] == "tool" and m.get("error")),
+        # ``is not None``: TRL shows ``raise ValueError()`` as an empty message, still an error.
+        "tool_errors": sum(
+            1 for m in messages if m["role"] == "tool" and m.get("error") is not None
+        ),
     }
     if trained is not None and tool_mask is not None:
         counts["trained_tokens"] = int(trained)

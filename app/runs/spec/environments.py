@@ -9,7 +9,8 @@
   through the run's OpenAI-compatible gateway (docs/gateway.md) and gives its reward.
 
 Every kind bounds an episode the same way: ``max_turns`` tool-calling rounds (TRL's
-``max_tool_calling_iterations``), a timeout per call and a cap on each result's length.
+``max_tool_calling_iterations``), a timeout per call and a cap on each result's length; and
+shows a tool's exception to the model the same way (``tool_errors``: TRL's text by default).
 
 Validated when the run is created, so a typo in a tool's name is a 422 naming the field,
 not a failure an hour later on a GPU. :data:`BUILTIN_TOOLS` and
@@ -109,7 +110,8 @@ def _no_repeats(values: list[str] | None, what: str) -> list[str] | None:
 
 
 class _Episode(Strict):
-    """How far an episode may go, whatever the environment."""
+    """How far an episode may go, and what its model is shown of a failed call, whatever the
+    environment."""
 
     max_turns: int = Field(
         default=4,
@@ -131,6 +133,13 @@ class _Episode(Strict):
         le=1_000_000,
         description="The longest tool result the model is shown; longer results are cut and "
         "marked.",
+    )
+    tool_errors: Literal["trl", "typed"] = Field(
+        default="trl",
+        description="What the model is shown when a tool raises: 'trl', what TRL shows, "
+        "{'error': 'cannot divide by zero'} (str of the exception); 'typed', the exception's "
+        "type first, {'error': 'ZeroDivisionError: cannot divide by zero'}. A timeout, a cut "
+        "result and an MCP server's error text have messages of their own either way.",
     )
 
 
