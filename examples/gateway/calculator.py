@@ -98,7 +98,7 @@ if __name__ == "__main__":
     parser.add_argument("--url", required=True)
     parser.add_argument("--key", required=True)
     parser.add_argument("--run", required=True)
-    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--concurrency", type=int, default=64)  # a whole step at once
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s harness %(message)s")
     asyncio.run(main(args.url, args.key, args.run, args.concurrency))
