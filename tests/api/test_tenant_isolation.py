@@ -12,7 +12,7 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from tests.support.runs import add_trajectories, run_body
+from tests.support.runs import add_episodes, add_trajectories, run_body
 
 PUBLIC = {"/healthz", "/readyz"}
 
@@ -47,19 +47,7 @@ async def _owned_ids(client: httpx.AsyncClient, owner: Any, sessionmaker: Any) -
         headers=owner.headers,
     )
     assert webhook.status_code == 201, webhook.text
-    async with sessionmaker() as s:  # an episode waiting to be claimed
-        episode = uuid.uuid4()
-        await s.execute(
-            text(
-                """INSERT INTO episodes (id, run_id, phase, step, slot, group_index,
-                       rollout_index, prompt, context, status, attempt, issued, max_issues,
-                       max_calls, timeout_seconds, calls, metrics)
-                   VALUES (:id, :run, 'train', 1, 0, 0, 0, '[]', '{}', 'pending', 1, 0, 3, 8,
-                           60, 0, '{}')"""
-            ),
-            {"id": episode, "run": uuid.UUID(run["id"])},
-        )
-        await s.commit()
+    (episode,) = await add_episodes(sessionmaker, uuid.UUID(run["id"]), 1)
     return {
         "episode_id": str(episode),
         "run_id": run["id"],

@@ -1,7 +1,9 @@
 """Key roles (app/auth/roles.py): a viewer reads, a member also creates and controls runs and
 uploads datasets, an admin also manages webhooks. The write operations are taken from
 ``/openapi.json``, so a write route added without a role check fails here the day it is
-added; ``NEEDS`` says which role each operation needs (every other one is any key's)."""
+added; ``NEEDS`` says which role each operation needs (every other one is any key's). An episode's
+finish and fail take that episode's token, not a key: roles do not apply to them
+(tests/gateway/test_gateway_run.py pins what the token opens)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ from app.core.pg import connect_kwargs
 from tests.support import ROOT
 from tests.support.cli import cli, user_env
 from tests.support.database import OwnDatabase, Tenant, own_database  # noqa: F401
-from tests.support.runs import add_trajectories, run_body
+from tests.support.runs import add_episodes, add_trajectories, run_body
 
 PROBLEM = "application/problem+json"
 READS = {"get", "head", "options"}
@@ -37,6 +39,7 @@ NEEDS = {
     "pause_run": Role.member,
     "resume_run": Role.member,
     "create_dataset": Role.member,
+    "claim_episodes": Role.member,
     "create_webhook": Role.admin,
     "rotate_webhook_secret": Role.admin,
     "delete_webhook": Role.admin,
@@ -88,7 +91,9 @@ def operations(document: dict[str, Any]) -> list[Operation]:
         Operation(method.upper(), path, op["operationId"], op)
         for path, item in document["paths"].items()
         for method, op in item.items()
-        if method in {"get", "post", "put", "patch", "delete"} and path not in PUBLIC
+        if method in {"get", "post", "put", "patch", "delete"}
+        and path not in PUBLIC
+        and {"EpisodeToken": []} not in op.get("security", [])
     ]
 
 
@@ -107,6 +112,7 @@ class World:
     paused: str
     dataset: str
     trajectory: str
+    episode: str  # of the finished run
     webhook: str
     doomed_webhook: str
 
@@ -115,6 +121,7 @@ class World:
             "run_id": run or self.run,
             "dataset_id": self.dataset,
             "trajectory_id": self.trajectory,
+            "episode_id": self.episode,
             "webhook_id": webhook or self.webhook,
         }
         for name, value in ids.items():
@@ -141,6 +148,7 @@ async def world(client: httpx.AsyncClient, project: Project, sessionmaker: Any) 
     assert (await client.post(f"/runs/{finished}/cancel", headers=admin)).status_code == 200
     await add_trajectories(sessionmaker, uuid.UUID(finished), 0, 1)
     trajectory = (await client.get("/trajectories", headers=admin)).json()["data"][0]["id"]
+    (episode,) = await add_episodes(sessionmaker, uuid.UUID(finished), 1)
     paused = await run()
     assert (await client.post(f"/runs/{paused}/pause", headers=admin)).status_code == 200
     dataset = await client.post(
@@ -154,6 +162,7 @@ async def world(client: httpx.AsyncClient, project: Project, sessionmaker: Any) 
         paused=paused,
         dataset=dataset.json()["id"],
         trajectory=trajectory,
+        episode=str(episode),
         webhook=await webhook(),
         doomed_webhook=await webhook(),
     )

@@ -101,6 +101,27 @@ async def add_trajectories(
         await conn.close()
 
 
+async def add_episodes(maker: Maker, run_id: uuid.UUID, count: int) -> list[uuid.UUID]:
+    """``count`` gateway episodes of step 1 waiting to be claimed, as the worker's pusher
+    writes them (one group, a one-message prompt); their ids in rollout order."""
+    ids = [uuid.uuid4() for _ in range(count)]
+    conn = await asyncpg.connect(**connect_kwargs(_url(maker)))
+    try:
+        await conn.executemany(
+            """
+            INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
+                                  prompt, context, status, attempt, issued, max_issues,
+                                  max_calls, timeout_seconds, calls, metrics)
+            VALUES ($1, $2, 'train', 1, $3, 0, $3, '[{"role": "user", "content": "hi"}]',
+                    '{}', 'pending', 1, 0, 3, 8, 60, 0, '{}')
+            """,
+            [(episode, run_id, i) for i, episode in enumerate(ids)],
+        )
+    finally:
+        await conn.close()
+    return ids
+
+
 async def get_run(maker: Maker, run_id: str) -> Run:
     async with maker() as s:
         run = await s.get(Run, uuid.UUID(run_id))
