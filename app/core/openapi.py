@@ -407,7 +407,23 @@ def document_headers(document: dict[str, Any]) -> dict[str, Any]:
     return document
 
 
+UNPROCESSABLE = {
+    "description": "Unprocessable Content: a parameter or the body is invalid, or a query "
+    "parameter is unknown; `errors` names each field.",
+    "content": {PROBLEM_JSON: {"schema": {"$ref": "#/components/schemas/ProblemDetail"}}},
+}
+
+
+def document_unknown_query(document: dict[str, Any]) -> dict[str, Any]:
+    """Every operation's 422, in place: any of them answers it for an unknown query
+    parameter (app/core/query.py), including those that take no parameters at all."""
+    for operation in _operations(document):
+        operation.setdefault("responses", {}).setdefault("422", copy.deepcopy(UNPROCESSABLE))
+    return document
+
+
 def finish(document: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    document = document_unknown_query(document)
     document = state_page_size_cap(document, settings.max_page_size)
     document = checks_as_conditions(merge_identical_halves(problem_json_only(document)))
     document = distinct_titles(defaults_only_when_required(document))

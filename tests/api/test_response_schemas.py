@@ -17,11 +17,10 @@ from typing import Any
 import httpx
 import jsonschema_rs
 import pytest
-from sqlalchemy import text
 
 from app.checkpoints import service as checkpoints
 from app.metrics import service as metrics
-from tests.support.runs import add_trajectories, run_body
+from tests.support.runs import add_episodes, add_trajectories, run_body
 
 
 @dataclass
@@ -236,20 +235,7 @@ async def world(client: httpx.AsyncClient, tenant: Any, sessionmaker: Any) -> Wo
         return str(r.json()["id"])
 
     gateway_run = await create(environment={"type": "gateway"})
-    async with sessionmaker() as s:
-        await s.execute(
-            text(
-                """INSERT INTO episodes (id, run_id, phase, step, slot, group_index,
-                       rollout_index, prompt, context, status, attempt, issued, max_issues,
-                       max_calls, timeout_seconds, calls, metrics)
-                   SELECT gen_random_uuid(), :run, 'train', 1, n, 0, n,
-                          '[{"role": "user", "content": "hi"}]', '{}', 'pending', 1, 0, 3, 8,
-                          60, 0, '{}'
-                     FROM generate_series(0, 3) AS n"""
-            ),
-            {"run": uuid.UUID(gateway_run)},
-        )
-        await s.commit()
+    await add_episodes(sessionmaker, uuid.UUID(gateway_run), 4)
     claim = await client.post(
         f"/runs/{gateway_run}/episodes/claim",
         json={"max": 3, "wait_seconds": 0},
@@ -303,7 +289,7 @@ async def test_the_full_answers_of_the_hot_routes_validate(
         ("list_run_events", {}),
         ("get_run_metrics", {}),
         ("get_run_metrics", {"name": ["loss", "none"], "step_min": 2}),
-        ("list_run_trajectories", {"include_messages": "false"}),
+        ("list_run_trajectories", {}),
         ("list_trajectories", {"include_messages": "false", "include_metadata": "false"}),
     ]:
         _, path, op = operations[operation_id]

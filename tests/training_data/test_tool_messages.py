@@ -228,8 +228,9 @@ async def test_min_tool_calls_in_the_library(
 async def test_min_tool_calls_over_http(
     client: httpx.AsyncClient, tenant: Tenant, run_id: uuid.UUID
 ) -> None:
-    params = {"run_id": str(run_id), "min_tool_calls": 2, "order": "oldest"}
-    r = await client.get("/trajectories", params=params, headers=tenant.headers)
+    params = {"run_id": str(run_id), "min_tool_calls": 2}
+    listed = {**params, "order": "oldest"}
+    r = await client.get("/trajectories", params=listed, headers=tenant.headers)
     assert r.status_code == 200, r.text
     assert sorted(t["metadata"]["tool_calls"] for t in r.json()["data"]) == [2, 3]
     r = await client.get("/trajectories/count", params=params, headers=tenant.headers)

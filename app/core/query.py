@@ -1,0 +1,72 @@
+"""Unknown query parameters are a 422 naming them, on every documented operation.
+
+A typo in a filter must not widen it: ``GET /trajectories/count?run_ids=…`` (the parameter is
+``run_id``) would otherwise count the whole project. Starlette hands every query parameter to
+the route and FastAPI reads the ones it declares, silently ignoring the rest; this
+dependency, installed on the application, compares the request's names with the ones the
+matched route declares (its own and its dependencies', by alias), computed once per route.
+
+Routes outside ``/openapi.json`` keep their own rules: the dashboard's pages, and the
+gateway's OpenAI routes, which answer as OpenAI's API does (it ignores unknown parameters,
+and the SDKs' ``extra_query`` relies on that).
+"""
+
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel
+
+UNKNOWN_QUERY_PARAMETER = "unknown_query_parameter"
+
+_declared: dict[int, frozenset[str] | None] = {}  # id(route) -> its names; None: not checked
+
+
+def _names(route: APIRoute) -> frozenset[str] | None:
+    if not route.include_in_schema:
+        return None
+    names: set[str] = set()
+    pending: list[Dependant] = [route.dependant]
+    while pending:
+        dependant = pending.pop()
+        pending.extend(dependant.dependencies)
+        for field in dependant.query_params:
+            model = field.field_info.annotation
+            if isinstance(model, type) and issubclass(model, BaseModel):
+                # A query parameter model (``Annotated[Filters, Query()]``): its fields.
+                names.update(f.alias or n for n, f in model.model_fields.items())
+            else:
+                names.add(field.alias)
+    return frozenset(names)
+
+
+async def known_query_parameters(request: Request) -> None:
+    """422 for any query parameter the matched operation does not declare."""
+    if not request.scope.get("query_string"):
+        return
+    route = request.scope.get("route")
+    if not isinstance(route, APIRoute):
+        return
+    key = id(route)
+    if key not in _declared:
+        _declared[key] = _names(route)
+    declared = _declared[key]
+    if declared is None:
+        return
+    unknown = [name for name in dict.fromkeys(request.query_params) if name not in declared]
+    if not unknown:
+        return
+    takes = ", ".join(sorted(declared)) or "none"
+    raise RequestValidationError(
+        [
+            {
+                "type": UNKNOWN_QUERY_PARAMETER,
+                "loc": ("query", name),
+                "msg": f"unknown query parameter; this operation takes: {takes}",
+                "input": request.query_params.getlist(name),
+            }
+            for name in unknown
+        ]
+    )
