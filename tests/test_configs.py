@@ -56,6 +56,14 @@ def test_the_documented_overrides_make_a_valid_run() -> None:
         RunCreate.model_validate(apply_overrides(preset, ["grpo.learning_rate=1e-5"]))
 
 
+def test_a_preset_reads_1e_5_as_a_number(tmp_path: Path) -> None:
+    """The API takes numbers strictly ("1e-5" is a 422), so a preset is read as YAML 1.2
+    reads it, not as PyYAML's YAML 1.1 would (a string)."""
+    preset = tmp_path / "run.yaml"
+    preset.write_text("learning_rate: 1e-5\ngrpo:\n  beta: 4E-2\nname: 1e5x\n")
+    assert load_preset(preset) == {"learning_rate": 1e-5, "grpo": {"beta": 0.04}, "name": "1e5x"}
+
+
 def test_every_setting_and_every_grpo_field_says_what_it_does() -> None:
     """Help text on every field, as TRL's GRPOConfig has: the settings (TRAINYARD_*), the
     run body's top level and its GRPO and LoRA settings."""

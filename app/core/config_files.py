@@ -12,12 +12,24 @@ from typing import Any
 
 import yaml
 
-# YAML 1.1 (PyYAML) reads 1e-5 as a string: it wants a dot in the mantissa (1.0e-5).
-_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+# YAML 1.1 (PyYAML) reads 1e-5 as a string: it wants a dot in the mantissa (1.0e-5). The API
+# takes numbers strictly, so a preset's `learning_rate: 1e-5` is read as YAML 1.2 reads it.
+_FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader, reading 1e-5 as a number."""
+
+
+_Loader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _load(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # a SafeLoader
 
 
 def load_preset(path: Path) -> dict[str, Any]:
-    data = yaml.safe_load(path.read_text()) or {}
+    data = _load(path.read_text()) or {}
     if not isinstance(data, dict):
         raise ValueError(f"{path}: a preset must be a mapping at the top level")
     return data
@@ -38,8 +50,6 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             child = node.get(part)
             node[part] = dict(child) if isinstance(child, dict) else {}
             node = node[part]
-        value = yaml.safe_load(raw)
-        if isinstance(value, str) and _FLOAT.fullmatch(value):
-            value = float(value)
+        value = _load(raw)
         node[parts[-1]] = value
     return result

@@ -32,6 +32,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    GetCoreSchemaHandler,
     GetJsonSchemaHandler,
     TypeAdapter,
     WithJsonSchema,
@@ -177,6 +178,21 @@ StoredObject = Annotated[dict[str, Any], STORABLE_OBJECT]
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 
 
+def _strict_scalars(schema: Any) -> Any:
+    """``schema`` (a pydantic core schema) with its number and boolean leaves strict, in
+    place."""
+    if isinstance(schema, dict):
+        if schema.get("type") in ("int", "float", "bool"):
+            schema["strict"] = True
+        for key, value in schema.items():
+            if key not in {"metadata", "serialization", "ref"}:
+                _strict_scalars(value)
+    elif isinstance(schema, list):
+        for item in schema:
+            _strict_scalars(item)
+    return schema
+
+
 class RequestModel(BaseModel):
     """A request body (or part of one): unknown fields are a 422, so a request cannot set
     what exists only on the table, and so are NaN and Infinity in any float field."""
@@ -186,6 +202,16 @@ class RequestModel(BaseModel):
     model_config = ConfigDict(
         extra="forbid", allow_inf_nan=False, json_schema_serialization_defaults_required=True
     )
+
+    @classmethod
+    def __get_pydantic_core_schema__(
+        cls, source: type[BaseModel], handler: GetCoreSchemaHandler
+    ) -> CoreSchema:
+        """Numbers and booleans strict: a number field takes a number (an integer one an
+        integer), a boolean field a boolean. Pydantic's lax mode takes ``false`` as 0,
+        ``"0.5"`` as 0.5 and ``"yes"`` as true; its strict mode for the whole model would
+        also refuse an enum's value read from a YAML file or a stored row."""
+        return _strict_scalars(handler(source))
 
 
 # --- making values storable -----------------------------------------------------------------

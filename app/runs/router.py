@@ -59,7 +59,7 @@ def _run_response(
             "description": "Accepted: the run is queued.",
             "headers": {"Location": {"schema": {"type": "string"}}},
         },
-        **problem_responses(401, 403, 409, 413, 422, 429),
+        **problem_responses(401, 403, 404, 409, 413, 422, 429),
     },
 )
 async def create_run(

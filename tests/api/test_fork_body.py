@@ -66,6 +66,8 @@ async def test_another_projects_run_is_a_404(client, tenant, make_tenant, sessio
     assert "from_checkpoint" in answer.json()["detail"]
     unknown = await client.post("/runs", json=_fork(str(uuid.uuid4()), 2), headers=tenant.headers)
     assert unknown.status_code == 404
+    document = (await client.get("/openapi.json")).json()
+    assert "404" in document["paths"]["/runs"]["post"]["responses"]
 
 
 async def test_a_fork_of_another_model_is_a_422(client, tenant, sessionmaker) -> None:
