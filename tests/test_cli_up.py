@@ -9,6 +9,7 @@ import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import psutil
@@ -185,6 +186,81 @@ def test_a_second_up_leaves_the_user_file_of_a_running_one_alone(folder: Path) -
     assert code == 0, second.output()
     assert json.loads(user_file.read_text()) == one  # its stop did not write it either
     assert first.stop() == 0, first.output()
+
+
+def _rows(base: str, key: str, run_id: str) -> list[tuple[int, int, int]]:
+    """The run's rollouts as (step, group, rollout), oldest first, every page."""
+    rows: list[tuple[int, int, int]] = []
+    params: dict[str, Any] = {"limit": 200}
+    while True:
+        page = httpx.get(
+            f"{base}/runs/{run_id}/trajectories",
+            params=params,
+            headers={"Authorization": f"Bearer {key}"},
+        ).raise_for_status()
+        body = page.json()
+        rows += [(t["step"], t["group_index"], t["rollout_index"]) for t in body["data"]]
+        if not body.get("next_cursor"):
+            return sorted(rows)
+        params["after"] = body["next_cursor"]
+
+
+@pytest.mark.slow
+def test_killed_embedded_postgres_and_redis_come_back_and_the_runs_finish_by_themselves(
+    folder: Path,
+) -> None:
+    """`up` keeps what it started running, the embedded servers too: `kill -9` of the
+    postmaster mid-run, then of Redis mid-run, and each run completes with every rollout
+    once, nobody touching anything."""
+    env = user_env(folder / "user", TRAINYARD_PIPELINE=TICKING, TRAINYARD_HEARTBEAT_SECONDS="0.5")
+    up = Up(folder, env, folder / "up.log")
+    steps, groups, rollouts = 8, 2, 2
+    preset = folder / "run.yaml"
+    preset.write_text(
+        "model_name: tiny\ntask_description: say a\ninputs: [{input_text: a}]\n"
+        f"max_steps: {steps}\nrollouts_per_group: {rollouts}\n"
+        f"grpo: {{groups_per_step: {groups}}}\n"
+        "reward: {type: function, functions: [{name: char_fraction}]}\nconfig: {tick: 0.5}\n"
+    )
+    expected = [(s, g, r) for s in range(steps) for g in range(groups) for r in range(rollouts)]
+    try:
+        state = up.start()
+        base, key = state["api_url"], state["api_key"]
+        postmaster, redis_server = _embedded_servers(up.home)
+
+        def step_of(run_id: str) -> int:
+            answer = httpx.get(f"{base}/runs/{run_id}", headers={"Authorization": f"Bearer {key}"})
+            return int(answer.json()["step"]) if answer.status_code == 200 else -1
+
+        for name, pid in (("embedded PostgreSQL", postmaster), ("embedded Redis", redis_server)):
+            created = cli("runs", "create", str(preset), cwd=folder, env=env)
+            assert created.returncode == 0, created.stderr
+            run_id = created.stdout.strip()
+            wait_for("the run to reach step 2", lambda run_id=run_id: step_of(run_id) >= 2, 60)
+            os.kill(pid, signal.SIGKILL)
+            wait_for(
+                f"{name} to be restarted",
+                lambda n=name: f"{n} restarted" in up.output(),
+                60,
+                up.log,
+            )
+            assert f"{name} (pid {pid}) is gone; restarting in 1 s" in up.output()
+            wait_for(
+                "the run to complete",
+                lambda run_id=run_id: _status(base, key, run_id) in {"completed", "failed"},
+                120,
+                up.log,
+            )
+            assert _status(base, key, run_id) == "completed", up.output()
+            assert _rows(base, key, run_id) == expected
+        # The API and the worker never went down; the servers are new ones.
+        now = up.state(running=True)
+        assert now is not None and now["children"] == state["children"]
+        assert set(_embedded_servers(up.home)).isdisjoint({postmaster, redis_server})
+    finally:
+        code = up.stop()
+    assert code == 0, up.output()
+    wait_for("the embedded servers to stop", lambda: not servers_under(up.home), 10)
 
 
 def _embedded_servers(home: Path) -> list[int]:

@@ -10,7 +10,7 @@ import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -106,8 +106,6 @@ def up(
             f"{previous.api_url}); stop it first, or set TRAINYARD_HOME to another folder"
         )
     _check_port(host, port)
-    started: list[Any] = []
-    supervisor: Supervisor | None = None
     state: Installation | None = None
     left_alone: set[Path] = set()
 
@@ -135,9 +133,11 @@ def up(
 
     def on_change() -> None:
         nonlocal state
-        if state is not None and supervisor is not None:
+        if state is not None:
             state = replace(state, children=supervisor.pids())
             save()
+
+    supervisor = Supervisor(say, on_change)
 
     def interrupted(*_: object) -> None:
         raise KeyboardInterrupt  # SIGTERM (and a closed terminal) stop the way Ctrl-C does
@@ -151,7 +151,7 @@ def up(
             from app.core.embedded import start_postgres
 
             pg = start_postgres(home)
-            started.append(pg)
+            supervisor.keep("embedded PostgreSQL", pg, lambda: start_postgres(home))
             db_url = pg.url
             say(f"embedded PostgreSQL ({'started' if pg.started else 'reused'}) in {home}")
         if settings.redis_url:
@@ -160,7 +160,7 @@ def up(
             from app.core.embedded import start_redis
 
             rd = start_redis(home)
-            started.append(rd)
+            supervisor.keep("embedded Redis", rd, lambda: start_redis(home))
             broker = rd.url
             say(f"embedded Redis ({'started' if rd.started else 'reused'}) in {home}")
         # One person's machine: the runs are its user's own, so they may name any code.
@@ -186,11 +186,10 @@ def up(
             ),
         }
         upgrade(db_url)
-        supervisor = Supervisor(env, say, on_change)
         exe = [sys.executable, "-m", "app.cli"]
         api_argv = ["api", "--host", host, "--port", str(port), "--workers", str(api_workers)]
-        supervisor.start("api", [*exe, *api_argv])
-        supervisor.start("worker", [*exe, "worker"])
+        supervisor.start("api", [*exe, *api_argv], env)
+        supervisor.start("worker", [*exe, "worker"], env)
         url = f"http://{_client_host(host)}:{port}"
         _wait_for_api(supervisor, url)
 
@@ -228,8 +227,7 @@ def up(
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the stop
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         try:
-            if supervisor is not None:
-                supervisor.stop()
+            supervisor.stop()
             if state is not None:
                 stopped = state.stopped()
                 for path in paths:
@@ -238,7 +236,7 @@ def up(
                         write_state(path, stopped)
             # Reused ones too: with no other `up` for this home (checked above), a server
             # already running there was left by an `up` that crashed.
-            for service in started:
+            for service in supervisor.running_services():
                 service.stop()
         finally:
             signal.signal(signal.SIGINT, signal.default_int_handler)

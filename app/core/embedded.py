@@ -68,6 +68,12 @@ class EmbeddedService:
     started: bool
     workdir: Path | None = field(default=None, compare=False)
 
+    def running(self) -> bool:
+        """Whether the server is still alive (this process, not a recycled pid)."""
+        return (
+            self.pid is not None and _server_process(self.pid, self.name, self.workdir) is not None
+        )
+
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the server; a no-op if it is already gone, so calling it twice is safe.
 
