@@ -19,10 +19,11 @@ RUN groupadd --system --gid 10001 trainyard \
 
 WORKDIR /opt/trainyard
 
-# The pinned dependencies first, in a layer of their own that a code change does not rebuild.
-COPY pyproject.toml ./
+# The dependencies first, in a layer of their own that a code change does not rebuild, at
+# the versions CI tests (constraints.txt).
+COPY pyproject.toml constraints.txt ./
 RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
-    && pip install -r requirements.txt \
+    && pip install -c constraints.txt -r requirements.txt \
     && rm requirements.txt
 
 COPY README.md alembic.ini ./

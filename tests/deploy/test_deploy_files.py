@@ -647,33 +647,73 @@ def pip_installs(name: str) -> list[str]:
     return installs
 
 
+def pinned(constraints: str) -> dict[str, str]:
+    """{name: version} of a constraints file."""
+    pins = {}
+    for line in (ROOT / constraints).read_text().splitlines():
+        if line.strip() and not line.startswith("#"):
+            name, version = line.split("==")
+            pins[canonicalize_name(name)] = version
+    return pins
+
+
+def assert_pins_satisfy(requirements: list[str], constraints: str) -> None:
+    """Each requirement is pinned in ``constraints`` at a version its range takes: the image
+    installs the set that was tested, and pip resolves it without overriding anything."""
+    pins = pinned(constraints)
+    for line in requirements:
+        requirement = Requirement(line)
+        name = canonicalize_name(requirement.name)
+        assert name in pins, f"{constraints} does not pin {name}"
+        assert requirement.specifier.contains(pins[name], prereleases=True), (
+            f"{constraints}: {name}=={pins[name]} is outside {requirement}"
+        )
+
+
 def test_the_api_image_installs_the_package_without_the_ml_stack(tmp_path: Path) -> None:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     files = run_requirement_programs("Dockerfile", tmp_path)
     assert files == {"requirements.txt": project["dependencies"]}
     names = {canonicalize_name(Requirement(r).name) for r in files["requirements.txt"]}
     assert not names & set(ML_STACK)
-    assert pip_installs("Dockerfile") == ["-r requirements.txt", "--no-deps -e ."]
+    assert pip_installs("Dockerfile") == [
+        "-c constraints.txt -r requirements.txt",
+        "--no-deps -e .",
+    ]
+    copied = [i.args for i in dockerfile("Dockerfile") if i.keyword == "COPY"]
+    assert "pyproject.toml constraints.txt ./" in copied
+    assert_pins_satisfy(files["requirements.txt"], "constraints.txt")
     assert last(dockerfile("Dockerfile"), "FROM").args == "python:3.11-slim"
 
 
-def test_the_gpu_image_installs_torch_then_vllm_then_the_worker_extra(tmp_path: Path) -> None:
+def test_the_gpu_image_installs_torch_then_the_package_with_both_extras(tmp_path: Path) -> None:
+    """One resolution of the package, its `worker` and `gpu` extras (vLLM, DeepSpeed) at
+    constraints-gpu.txt's versions: nothing installed over what pip resolved."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     files = run_requirement_programs("Dockerfile.gpu", tmp_path)
     assert files == {
         "requirements-torch.txt": [r for r in extras["worker"] if r.startswith("torch==")],
-        "requirements-gpu.txt": extras["gpu"],
-        "requirements-base.txt": project["dependencies"] + extras["worker"],
+        "requirements.txt": project["dependencies"] + extras["worker"] + extras["gpu"],
     }
     assert files["requirements-torch.txt"], "the worker extra pins torch"
     assert pip_installs("Dockerfile.gpu") == [
-        "-r requirements-torch.txt",
-        "-r requirements-gpu.txt",
-        "-r requirements-base.txt",
+        "-c constraints-gpu.txt -r requirements-torch.txt",
+        "-c constraints-gpu.txt -r requirements.txt",
         "--no-deps -e .",
     ]
+    copied = [i.args for i in dockerfile("Dockerfile.gpu") if i.keyword == "COPY"]
+    assert "pyproject.toml constraints-gpu.txt ./" in copied
+    assert_pins_satisfy(files["requirements.txt"], "constraints-gpu.txt")
     assert last(dockerfile("Dockerfile.gpu"), "FROM").args.startswith("nvidia/cuda:")
+
+
+def test_the_tested_set_satisfies_the_package(tmp_path: Path) -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert_pins_satisfy(
+        project["dependencies"] + extras["worker"] + extras["dev"], "constraints.txt"
+    )
 
 
 def hadolint_binary() -> str | None:
