@@ -10,7 +10,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
 
 from tests.support.runs import add_episodes, add_trajectories, run_body
 
