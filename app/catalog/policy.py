@@ -9,7 +9,8 @@ columns on the other), and both call :meth:`CodePolicy.refusals`.
 
 What a run can name, field by field: ``model_name`` and ``teacher.student_model`` (a folder
 or hub id); import paths of tools (``environment.tools``), an environment
-(``environment.factory``) and reward functions (``reward.functions[].name``); an MCP server
+(``environment.factory``), reward functions (``reward.functions[].name``) and evaluation
+metrics (``grpo.eval_metrics[].name``); an MCP server
 (``environment.command`` / ``url`` / ``server``); OpenAI-compatible endpoints (``generator``,
 ``reward.judge``, ``reward.small_model`` / ``large_model``, ``teacher.student_endpoint``);
 vLLM servers (``grpo.vllm_server_url`` / ``vllm_servers``). Under ``open`` anything goes and
@@ -41,7 +42,7 @@ Mode = Literal["open", "catalog"]
 #: folders: all that :meth:`CodePolicy.refusals` reads (and :meth:`~CodePolicy.resolve` may
 #: change); of ``grpo``, only :data:`GRPO_NAMING`.
 NAMING = ("model_name", "environment", "reward", "generator", "teacher", "grpo")
-GRPO_NAMING = ("vllm_server_url", "vllm_servers", "lora")
+GRPO_NAMING = ("vllm_server_url", "vllm_servers", "lora", "eval_metrics")
 
 
 @dataclass(frozen=True)
@@ -130,13 +131,16 @@ class CodePolicy:
         if reward.get("type") == "function":
             for i, function in enumerate(reward.get("functions") or ()):
                 yield from self._code(f"reward.functions[{i}].name", function.get("name"))
+        grpo = spec.get("grpo") or {}
+        for i, metric in enumerate(grpo.get("eval_metrics") or ()):
+            yield from self._code(f"grpo.eval_metrics[{i}].name", metric.get("name"))
         for key in ("judge", "small_model", "large_model"):
             yield from self._endpoint(f"reward.{key}", reward.get(key))
         yield from self._endpoint("generator", spec.get("generator"))
         teacher = spec.get("teacher") or {}
         yield from self._model("teacher.student_model", teacher.get("student_model"), on_worker)
         yield from self._endpoint("teacher.student_endpoint", teacher.get("student_endpoint"))
-        yield from self._vllm_servers(spec.get("grpo") or {})
+        yield from self._vllm_servers(grpo)
 
     def _model(self, field: str, name: str | None, on_worker: bool) -> Iterator[Refusal]:
         if name is None or self.open:

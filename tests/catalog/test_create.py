@@ -107,6 +107,18 @@ REFUSED = [
         "body.reward.functions[0].name",
         "acme.rewards",
     ),
+    (
+        {
+            "grpo": {
+                "eval_metrics": [
+                    {"name": "char_fraction", "args": {"char": "a"}},
+                    {"name": "os:system"},
+                ]
+            }
+        },
+        "body.grpo.eval_metrics[1].name",
+        "acme.rewards",
+    ),
     ({"reward": {"type": "ruler", "judge": ENDPOINT}}, "body.reward.judge.base_url", "big-judge"),
     (
         {"reward": {"type": "rim", "small_model": JUDGE_OF_THE_CATALOG, "large_model": ENDPOINT}},

@@ -153,7 +153,12 @@ async def test_a_training_run_moves_on_screen_without_reload(
         max_steps=24,
         trained_model_name="live-letters",
         learning_key="letters",
-        grpo={"save_steps": 8, "eval_steps": 8, "validation_fraction": 0.25},
+        grpo={
+            "save_steps": 8,
+            "eval_steps": 8,
+            "validation_fraction": 0.25,
+            "eval_metrics": [{"name": "length_target", "args": {"target": 8}}],
+        },
     )
     run_id = await _create(api_server, tenant, body)
     await page.sign_in(tenant.key, f"/ui/runs/{run_id}")
@@ -195,6 +200,11 @@ async def test_a_training_run_moves_on_screen_without_reload(
     ]:
         data = await _chart(page, chart)
         assert _points(data[1], data[0]) == [(p["step"], p["value"]) for p in served[name]], chart
+    # The extra evaluation metric, beside the eval reward on its chart.
+    evals = await _chart(page, "run:eval_reward")
+    metric = [(p["step"], p["value"]) for p in served["eval_metric/length_target"]]
+    assert [step for step, _ in metric] == [0, 8, 16, 24]
+    assert _points(evals[2], evals[0]) == metric
     components = await _chart(page, "run:components")
     labels = await page.page.evaluate(
         "window.trainyard.charts['run:components'].series.map((s) => s.label)"

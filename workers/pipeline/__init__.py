@@ -149,18 +149,23 @@ async def _stages(
         )
 
     run = await ctx.load()
+    summary = run.metrics or {}
+    stopped = summary.get("stopped_early")
+    steps = int(stopped["step"]) if stopped else len(plan)
+    ended = f"stopped early after {steps} of {len(plan)} steps" if stopped else f"{steps} steps"
     async with ctx.session() as session:
         await checkpoints.record(
-            session, ctx.run_id, len(plan), str(final), metrics=run.metrics or {}, is_final=True
+            session, ctx.run_id, steps, str(final), metrics=summary, is_final=True
         )
         await transition(
             session,
             ctx.run_id,
             S.COMPLETED,
-            expected=S.TRAINING,
+            # Stopped early, the run had moved on to the next step's collecting.
+            expected=S.COLLECTING if stopped else S.TRAINING,
             fence=ctx.fence,
-            message=f"completed {len(plan)} steps; final model at {final}",
-            data={"final_model": str(final)},
+            message=f"completed: {ended}; final model at {final}",
+            data={"final_model": str(final), "steps": steps},
         )
 
 

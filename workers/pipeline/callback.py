@@ -184,6 +184,41 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
                 data={"step": step, "eval_reward": reward, "improvement": gain},
             )
 
+    def on_train_end(self, args: Any, state: Any, control: Any, **_: Any) -> None:
+        # Pause, cancel and failures leave by an exception; max_steps ends with the step
+        # count reached. What is left is transformers' EarlyStoppingCallback.
+        stopping = self.spec.grpo.early_stopping
+        if (
+            stopping is None
+            or not control.should_training_stop
+            or state.global_step >= state.max_steps
+            or not self.ranks.writer
+        ):
+            return
+        step, metric = state.global_step, args.metric_for_best_model
+        stopped = {
+            "step": step,
+            "metric": metric,
+            "patience": stopping.patience,
+            "threshold": stopping.threshold,
+            "best_metric": state.best_metric,
+            "best_step": state.best_global_step,
+        }
+        better = "rose" if args.greater_is_better else "fell"
+        message = (
+            f"stopped early at step {step} of {state.max_steps}: {metric} {better} by no more "
+            f"than {stopping.threshold:g} over its best in {stopping.patience} evaluation(s) "
+            f"in a row (best {state.best_metric:.3f} at step {state.best_global_step})"
+        )
+        self.bridge.writes.submit(lambda: self._record_early_stop(stopped, message))
+
+    async def _record_early_stop(self, stopped: dict[str, Any], message: str) -> None:
+        async with self.ctx.session() as session:
+            row = await session.get(Run, self.ctx.run_id, populate_existing=True)
+            assert row is not None
+            row.metrics = {**(row.metrics or {}), "stopped_early": stopped}
+            await events.append(session, self.ctx.run_id, "early_stop", message, data=stopped)
+
     def on_save(self, args: Any, state: Any, control: Any, **_: Any) -> None:
         step = state.global_step
         self.ranks.wait()  # every rank's part of the checkpoint is written (its RNG state)

@@ -22,6 +22,7 @@ from workers.pipeline import episodes
 from workers.pipeline.world import Ranks
 from workers.pipeline.writes import WriteBehind
 from workers.rewards import Group, Rollout, Score, Scorer
+from workers.rewards.functions import EvalMetrics
 
 
 class EveryGroupDropped(RuntimeError):
@@ -105,6 +106,11 @@ class StepBridge:
         self.writes = WriteBehind(ctx.runtime)
         self.dropped_in_a_row = 0  # steps whose every group was dropped, up to this one
         self.max_dropped_steps = spec.grpo.max_dropped_steps
+        self.eval_metrics = (
+            EvalMetrics([m.model_dump() for m in spec.grpo.eval_metrics])
+            if spec.grpo.eval_metrics
+            else None
+        )
 
     def __call__(
         self,
@@ -190,6 +196,10 @@ class StepBridge:
             # Evaluation: score only; nothing is stored as training data.
             evaluated = self.scorer.score(groups)
             self._log_scorer_metrics(log_metric)
+            if self.eval_metrics is not None and log_metric is not None:
+                # TRL logs them with its eval_ prefix: the series eval_metric/<label>.
+                for label, value in self.eval_metrics.averages(groups).items():
+                    log_metric(f"metric/{label}", value)
             return [s.reward for row in evaluated for s in row]
 
         self.ctx.check(pause_ok=False)

@@ -214,6 +214,7 @@ def train(
         callbacks=[
             RunCallback(ctx, spec, bridge, paths, plan),
             *tracker_callbacks(spec, paths.root, "grpo"),
+            *_early_stopping(ctx, grpo, evaluate, ranks),
         ],
         **agent,
     )
@@ -258,6 +259,27 @@ def train(
         os.rename(staging, final)
         shutil.rmtree(paths.staging, ignore_errors=True)
     return final
+
+
+def _early_stopping(ctx: RunContext, grpo: Any, evaluate: bool, ranks: Ranks) -> list[Any]:
+    """transformers' EarlyStoppingCallback when the run asks for it and can evaluate."""
+    stopping = grpo.early_stopping
+    if stopping is None:
+        return []
+    if not evaluate:
+        if ranks.writer:
+            ctx.runtime.run(
+                ctx.event(
+                    "early_stop",
+                    "early_stopping is off: the run has no validation inputs to evaluate on",
+                    level="warning",
+                    data={"early_stopping": stopping.model_dump()},
+                )
+            )
+        return []
+    from transformers import EarlyStoppingCallback
+
+    return [EarlyStoppingCallback(stopping.patience, stopping.threshold)]
 
 
 def _checkpoint_step(checkpoint: Path | None) -> int | None:

@@ -129,6 +129,21 @@ def _episode(rollout: Rollout) -> dict[str, Any]:
 _EPISODE_KEYWORDS = {"messages": None, "environment": None}
 
 
+def _call(
+    fn: RewardFn, takes: set[str], rollout: Rollout, group: Group, extra: dict[str, Any]
+) -> float:
+    """``fn`` on one rollout, as every reward function is called; a non-finite value is 0."""
+    value = float(
+        fn(
+            rollout.completion,
+            prompt=rollout.prompt,
+            context=group.context,
+            **{k: v for k, v in extra.items() if k in takes},
+        )
+    )
+    return value if math.isfinite(value) else 0.0
+
+
 class FunctionScorer:
     # Scores in microseconds: the training loop stores rollouts and rewards together.
     instant = True
@@ -160,16 +175,29 @@ class FunctionScorer:
                 parts: dict[str, float] = {}
                 extra = _episode(rollout)
                 for name, fn, _ in self.functions:
-                    value = float(
-                        fn(
-                            rollout.completion,
-                            prompt=rollout.prompt,
-                            context=group.context,
-                            **{k: v for k, v in extra.items() if k in self.takes[name]},
-                        )
-                    )
-                    parts[name] = value if math.isfinite(value) else 0.0
+                    parts[name] = _call(fn, self.takes[name], rollout, group, extra)
                 total = sum(parts[n] * w for n, _, w in self.functions) / self.total_weight
                 row.append(Score(total, {"functions": parts}))
             scored.append(row)
         return scored
+
+
+class EvalMetrics:
+    """A run's extra evaluation metrics (``grpo.eval_metrics``): functions called as reward
+    functions are, on each validation rollout, averaged over the rollouts evaluated."""
+
+    def __init__(self, metrics: list[dict[str, Any]]) -> None:
+        self.metrics = [(m["label"], resolve(m["name"], m.get("args"))) for m in metrics]
+        self.takes = {label: set(accepted(fn, _EPISODE_KEYWORDS)) for label, fn in self.metrics}
+
+    def averages(self, groups: list[Group]) -> dict[str, float]:
+        """{label: the mean over every rollout of ``groups``}."""
+        totals = {label: 0.0 for label, _ in self.metrics}
+        count = 0
+        for group in groups:
+            for rollout in group.rollouts:
+                extra = _episode(rollout)
+                for label, fn in self.metrics:
+                    totals[label] += _call(fn, self.takes[label], rollout, group, extra)
+                count += 1
+        return {label: total / max(count, 1) for label, total in totals.items()}

@@ -49,8 +49,9 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     S.GENERATING: frozenset({S.WARMING_UP, S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
     # The SFT warm-up's model is saved; GRPO's first step starts from it.
     S.WARMING_UP: frozenset({S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),
-    # Every rollout of the step is stored; the judges/reward functions take over.
-    S.COLLECTING: frozenset({S.SCORING, S.PAUSED, S.FAILED, S.CANCELLED}),
+    # Every rollout of the step is stored; the judges/reward functions take over. Or, before
+    # the step has collected anything, training stopped early (grpo.early_stopping): done.
+    S.COLLECTING: frozenset({S.SCORING, S.COMPLETED, S.PAUSED, S.FAILED, S.CANCELLED}),
     # Every trajectory has its reward; the policy update starts. Back to collecting when a
     # step is redone from the start after its worker died mid-scoring.
     S.SCORING: frozenset({S.TRAINING, S.COLLECTING, S.PAUSED, S.FAILED, S.CANCELLED}),

@@ -16,6 +16,7 @@ from app.catalog.models import ENTRY_NAME
 from app.core.errors import inconsistent
 from app.core.storable import HTTP_URL_PATTERN, NulFreeStr, RequestModel
 from app.runs.spec.environments import _no_repeats
+from app.runs.spec.rewards import EvalMetric
 
 
 class LoraSettings(RequestModel):
@@ -40,6 +41,23 @@ class LoraSettings(RequestModel):
         if isinstance(self.target_modules, list) and "lm_head" in self.target_modules:
             raise ValueError("lm_head cannot be a LoRA target module (TRL refuses it)")
         return self
+
+
+class EarlyStopping(RequestModel):
+    """transformers' ``EarlyStoppingCallback(early_stopping_patience,
+    early_stopping_threshold)``, on the evaluation metric that picks the best checkpoint."""
+
+    patience: int = Field(
+        ge=1,
+        le=10_000,
+        description="Stop after this many evaluations in a row in which metric_for_best_model "
+        "did not improve on the best so far by more than threshold.",
+    )
+    threshold: float = Field(
+        default=0.0,
+        ge=0,
+        description="The least improvement over the best evaluation so far that counts as one.",
+    )
 
 
 _MAX_SERVERS = 64
@@ -190,6 +208,21 @@ class GrpoSettings(RequestModel):
     greater_is_better: bool = Field(
         default=True, description="Whether a higher metric_for_best_model is better."
     )
+    eval_metrics: list[EvalMetric] = Field(
+        default=[],
+        max_length=16,
+        description="Extra evaluation metrics: functions called as reward functions are, on "
+        "every validation rollout, averaged at each evaluation and recorded as "
+        "eval_metric/<label> (charted beside the eval reward). metric_for_best_model may name "
+        "one (eval_metric/<label>). They reward nothing.",
+    )
+    early_stopping: EarlyStopping | None = Field(
+        default=None,
+        description="Stop on a plateau of metric_for_best_model: the run completes at that "
+        "step, saying why in its events and summary (metrics.stopped_early); with "
+        "load_best_model_at_end its final model is the best checkpoint. Needs validation "
+        "inputs (without any it is off, and an event says so).",
+    )
     # Experiment trackers (docs/trackers.md)
     report_to: list[Literal["wandb", "tensorboard"]] = Field(
         default=[],
@@ -307,6 +340,11 @@ class GrpoSettings(RequestModel):
                 "save_steps must be a multiple of eval_steps when load_best_model_at_end is "
                 "set (the best model is chosen among evaluated checkpoints)"
             )
+        labels = [m.label for m in self.eval_metrics]
+        if len(set(labels)) != len(labels):
+            raise inconsistent(
+                "eval_metrics labels must differ (give `label` to a function used twice)"
+            )
         if self.groups_per_step % self.gradient_accumulation_steps:
             raise inconsistent(
                 "groups_per_step must be a multiple of gradient_accumulation_steps (each "
@@ -373,6 +411,8 @@ class GrpoSettings(RequestModel):
                 "load_best_model_at_end": self.load_best_model_at_end,
                 "metric_for_best_model": self.metric_for_best_model,
                 "greater_is_better": self.greater_is_better,
+                # A resumed attempt goes on counting evaluations without improvement.
+                "restore_callback_states_from_checkpoint": self.early_stopping is not None,
             }
         return {
             "output_dir": output_dir,

@@ -305,7 +305,10 @@ class RimReward(Strict):
     anti_gaming: AntiGaming = Field(default_factory=AntiGaming)
 
 
-class RewardFunction(Strict):
+class FunctionCall(Strict):
+    """A built-in or a user's function, with its arguments: the reward functions' and the
+    evaluation metrics' (``grpo.eval_metrics``) common part."""
+
     model_config = ConfigDict(
         json_schema_extra=describe_builtin_args("name", BUILTIN_REWARDS.values())
     )
@@ -317,7 +320,6 @@ class RewardFunction(Strict):
         + "; ".join(f"{b.name}: {b.summary}" for b in BUILTIN_REWARDS.values())
         + ") or a dotted import path 'package.module:function' importable on the workers.",
     )
-    weight: float = Field(default=1.0, ge=0, le=1000)
     args: StorableObject = Field(
         default_factory=dict,
         validate_default=True,  # a built-in's required args are required when args is omitted
@@ -343,6 +345,32 @@ class RewardFunction(Strict):
         if name in BUILTIN_REWARDS:  # a user function's args are the user's to check
             check_builtin_args(name, BUILTIN_REWARDS[name].args, value)
         return value
+
+
+class RewardFunction(FunctionCall):
+    weight: float = Field(default=1.0, ge=0, le=1000)
+
+
+METRIC_LABEL = r"^[A-Za-z0-9_.-]{1,64}$"
+
+
+class EvalMetric(FunctionCall):
+    """An extra evaluation metric: a function called as a reward function is, on every
+    validation rollout, averaged; recorded as ``eval_metric/<label>``. It rewards nothing."""
+
+    label: str | None = Field(
+        default=None,
+        pattern=METRIC_LABEL,
+        description="The metric's name (eval_metric/<label>); default: the function's own "
+        "name (a built-in's, or the part after ':' of an import path). Filled in when the "
+        "run is created.",
+    )
+
+    @model_validator(mode="after")
+    def _labelled(self) -> EvalMetric:
+        if self.label is None:
+            self.label = re.split(r"[:.]", self.name)[-1][:64]
+        return self
 
 
 class FunctionReward(Strict):

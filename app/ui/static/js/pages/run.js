@@ -32,6 +32,7 @@ const TIMELINE_MAX = 300;
  * eval_* from the evaluations). */
 export function chartSpecs(run) {
   const components = componentNames(run);
+  const evalMetrics = evalMetricNames(run);
   return [
     {
       id: "reward",
@@ -67,9 +68,12 @@ export function chartSpecs(run) {
     simple("completion_length", "Completion length (tokens)", ["completions/mean_length"]),
     {
       id: "eval_reward",
-      title: "Eval reward (validation inputs)",
-      names: ["eval_reward"],
-      lines: [{ label: "eval_reward", points: true, spanGaps: true }],
+      title: "Eval reward and metrics (validation inputs)",
+      names: ["eval_reward", ...evalMetrics.map((m) => m.name)],
+      lines: [
+        { label: "eval_reward", points: true, spanGaps: true },
+        ...evalMetrics.map((m) => ({ label: m.label, points: true, spanGaps: true })),
+      ],
     },
     simple("step_seconds", "Step seconds", ["step_seconds"]),
   ];
@@ -102,6 +106,15 @@ export function componentNames(run) {
   // rewards/trainyard/mean is the same number: Trainyard hands TRL one function).
   names.push({ name: "reward_mean", label: "combined (reward_mean)" });
   return names;
+}
+
+/** The run's extra evaluation metrics (grpo.eval_metrics), as the worker records them:
+ * ``eval_metric/<label>`` (the API fills in each label). */
+export function evalMetricNames(run) {
+  return (run.grpo?.eval_metrics || []).map((m) => ({
+    name: `eval_metric/${m.label}`,
+    label: m.label,
+  }));
 }
 
 export function totalSteps(run, lastStepMessage) {
