@@ -34,11 +34,20 @@ async def init_connection(conn: asyncpg.Connection) -> None:
         await conn.set_type_codec(name, encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def keep_session(conn: asyncpg.Connection) -> None:
+    """The pool's reset: nothing beyond what asyncpg always does (forget the listeners,
+    roll back a transaction left open). Its default also sends ``RESET ALL; UNLISTEN *;
+    CLOSE ALL`` and an advisory unlock on every release, a round trip per request; nothing
+    here leaves session state on a pool connection (advisory locks are transaction-scoped,
+    LISTEN has connections of its own, nothing SETs a session variable)."""
+
+
 async def create_pool(url: str, *, size: int, name: str = "trainyard-api") -> asyncpg.Pool:
     return await asyncpg.create_pool(
         **connect_kwargs(url),
         min_size=1,
         max_size=size,
         init=init_connection,
+        reset=keep_session,
         server_settings={"application_name": name},
     )
