@@ -84,19 +84,19 @@ class _Kept:
         return delay
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Child(_Kept):
-    argv: list[str] | None = None
-    env: dict[str, str] | None = None
+    argv: list[str]
+    env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class _Service(_Kept):
-    """An embedded server ``up`` started, and how to start it again."""
+    """An embedded server ``up`` started (None while it is down), and how to start it again."""
 
-    current: EmbeddedService | None = None
-    start: Callable[[], EmbeddedService] | None = None
+    current: EmbeddedService | None
+    start: Callable[[], EmbeddedService]
 
 
 class Supervisor:
@@ -164,7 +164,6 @@ class Supervisor:
             how = f"{service.name} (pid {current.pid}) is gone"
             self.say(f"{how}; restarting in {service.died(now, how):g} s")
         if service.current is None and service.restart_at is not None and now >= service.restart_at:
-            assert service.start is not None
             service.started_at = now
             service.restart_at = None
             try:
@@ -195,7 +194,6 @@ class Supervisor:
             child.restart_at = None
 
     def _spawn(self, child: _Child) -> None:
-        assert child.argv is not None
         child.proc = subprocess.Popen(
             child.argv,
             env=child.env,

@@ -41,6 +41,7 @@ KEY_REUSED = "idempotency_key_reused"
 UNKNOWN_REFERENCE = "unknown_reference"
 UNUSABLE_TARGET = "unusable_target"
 NOT_IN_CATALOG = "not_in_catalog"
+UNKNOWN_QUERY_PARAMETER = "unknown_query_parameter"  # app/core/query.py
 
 
 def inconsistent(message: str) -> PydanticCustomError:
@@ -58,6 +59,7 @@ ERROR_TYPES = (
     UNKNOWN_REFERENCE,
     UNUSABLE_TARGET,
     NOT_IN_CATALOG,
+    UNKNOWN_QUERY_PARAMETER,
 )
 
 
@@ -72,7 +74,7 @@ class FieldError(BaseModel):
             description="Why, for programs: pydantic's error type (string_too_long, …), "
             f"'{INCONSISTENT}' for fields valid alone but not together, '{INVALID_CURSOR}', "
             f"'{KEY_REUSED}', '{UNKNOWN_REFERENCE}', '{UNUSABLE_TARGET}', '{NOT_IN_CATALOG}' (the "
-            "run names what the code policy does not allow).",
+            f"run names what the code policy does not allow), '{UNKNOWN_QUERY_PARAMETER}'.",
         )
     )
 

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel
 
-UNKNOWN_QUERY_PARAMETER = "unknown_query_parameter"
+from app.core.errors import UNKNOWN_QUERY_PARAMETER
 
 _declared: dict[int, frozenset[str] | None] = {}  # id(route) -> its names; None: not checked
 

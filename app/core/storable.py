@@ -182,7 +182,8 @@ def _strict_scalars(schema: Any) -> Any:
     """``schema`` (a pydantic core schema) with its number and boolean leaves strict, in
     place."""
     if isinstance(schema, dict):
-        if schema.get("type") in ("int", "float", "bool"):
+        # Not "int": JSON Schema's integer takes 3.0, and so do the generated clients.
+        if schema.get("type") in ("float", "bool"):
             schema["strict"] = True
         for key, value in schema.items():
             if key not in {"metadata", "serialization", "ref"}:
@@ -207,10 +208,11 @@ class RequestModel(BaseModel):
     def __get_pydantic_core_schema__(
         cls, source: type[BaseModel], handler: GetCoreSchemaHandler
     ) -> CoreSchema:
-        """Numbers and booleans strict: a number field takes a number (an integer one an
-        integer), a boolean field a boolean. Pydantic's lax mode takes ``false`` as 0,
-        ``"0.5"`` as 0.5 and ``"yes"`` as true; its strict mode for the whole model would
-        also refuse an enum's value read from a YAML file or a stored row."""
+        """Numbers and booleans strict: a number field takes a number, a boolean field a
+        boolean. Pydantic's lax mode takes ``false`` as 0.0, ``"0.5"`` as 0.5 and ``"yes"``
+        as true; its strict mode for the whole model would also refuse an enum's value read
+        from a YAML file or a stored row. Integer fields stay lax: JSON Schema's integer
+        takes 3.0, which strict mode would refuse."""
         return _strict_scalars(handler(source))
 
 

@@ -128,6 +128,11 @@ async def _stages(
         max_steps=spec.max_steps,
         seed=spec.grpo.seed,
     )
+    stopped = (run.metrics or {}).get("stopped_early")
+    if stopped:
+        # An attempt stopped early and died before it completed: the plan ends where it
+        # stopped, so the resumed trainer only loads the best checkpoint and saves it.
+        plan = plan[: int(stopped["step"])]
     async with ctx.runtime.session() as session:
         latest = await checkpoints.latest(session, ctx.run_id)
     resume = None
