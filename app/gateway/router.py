@@ -72,7 +72,7 @@ def base_url(request: Request, episode_id: uuid.UUID) -> str:
     "/runs/{run_id}/episodes/claim",
     operation_id="claim_episodes",
     response_model=ClaimAnswer,
-    responses=problem_responses(401, 403, 404, 422),
+    responses=problem_responses(401, 403, 404, 409, 422),
 )
 async def claim_episodes(
     run_id: uuid.UUID,
@@ -82,12 +82,17 @@ async def claim_episodes(
 ) -> ClaimAnswer:
     """Take up to ``max`` of the run's waiting episodes, waiting up to ``wait_seconds`` for
     one (a long poll). Each comes with its OpenAI base URL and a token that opens only it;
-    end each with its finish (or fail) before its deadline."""
+    end each with its finish (or fail) before its deadline. 409 for a run that is not a
+    gateway run."""
     body = body or ClaimRequest()
     pg = request.app.state.pg
     until = time.monotonic() + body.wait_seconds
     while True:
         run = await service.run_of(pg, run_id, caller.project_id)
+        if run["environment_type"] != "gateway":
+            raise service.NotAGatewayRun(
+                "The run is not a gateway run (environment.type 'gateway'): it has no episodes."
+            )
         claimed = (
             [] if service.run_is_over(run["status"]) else await service.claim(pg, run_id, body.max)
         )

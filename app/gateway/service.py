@@ -21,13 +21,21 @@ class EpisodeNotFound(NotFound):
         super().__init__("Episode", "Episode not found (or the token does not open it).")
 
 
+class NotAGatewayRun(Conflict):
+    """Episodes are claimed from gateway runs only: another run never has any, and a
+    harness pointed at it would wait out every long poll."""
+
+    code = "not-a-gateway-run"
+
+
 class EpisodeNotOpen(Conflict):
     """The episode's claim is no longer the token's: it ended, or was taken back."""
 
     code = "episode-not-open"
 
 
-_RUN = "SELECT status, model_name FROM runs WHERE id = $1 AND project_id = $2"
+_RUN = """SELECT status, model_name, environment->>'type' AS environment_type
+             FROM runs WHERE id = $1 AND project_id = $2"""
 
 # Claim up to $3 pending episodes of run $1, oldest first; $2: one new secret's hash each.
 _CLAIM = """

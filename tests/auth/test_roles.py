@@ -134,8 +134,8 @@ class World:
 async def world(client: httpx.AsyncClient, project: Project, sessionmaker: Any) -> World:
     admin = project.admin.headers
 
-    async def run() -> str:
-        r = await client.post("/runs", json=run_body(), headers=admin)
+    async def run(**body: Any) -> str:
+        r = await client.post("/runs", json=run_body(**body), headers=admin)
         assert r.status_code == 202, r.text
         return str(r.json()["id"])
 
@@ -144,7 +144,7 @@ async def world(client: httpx.AsyncClient, project: Project, sessionmaker: Any) 
         assert r.status_code == 201, r.text
         return str(r.json()["id"])
 
-    finished = await run()
+    finished = await run(environment={"type": "gateway"})  # it has episodes to claim
     assert (await client.post(f"/runs/{finished}/cancel", headers=admin)).status_code == 200
     await add_trajectories(sessionmaker, uuid.UUID(finished), 0, 1)
     trajectory = (await client.get("/trajectories", headers=admin)).json()["data"][0]["id"]
