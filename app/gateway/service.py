@@ -1,6 +1,10 @@
 """The gateway's work on the database: claims, finishes, failures, the recorded calls, and
-what the episode routes read. Plain asyncpg statements on the API's pool, one per action
-(a claim or a call is on every harness's hot path)."""
+what the episode routes read. Plain asyncpg statements, one per action (a claim or a call
+is on every harness's hot path).
+
+Every change of an episode's status is written here: the API's claims and ends, and the
+worker's (workers/gateway/rollouts.py) opening of a step's episodes and taking back of
+claims past their deadline."""
 
 from __future__ import annotations
 
@@ -13,6 +17,8 @@ import asyncpg
 
 from app.core.domain import Conflict, NotFound
 from app.gateway import tokens, wire
+from app.gateway.models import EpisodeStatus
+from app.runs.lifecycle.state import Fence
 from app.runs.lifecycle.status import TERMINAL
 
 
@@ -89,6 +95,51 @@ _RECORD = """
 """
 
 
+# The worker's: a step's episodes (re)opened, fenced on its lease. A row an earlier attempt
+# left is handed out again unless it ended ($5: the attempt resumed from the weights its
+# calls came from, $6 their policy version).
+_OPEN_RESET = """
+    UPDATE episodes AS e
+       SET status = 'pending', attempt = $4, issued = 0, calls = 0, token_hash = NULL,
+           claimed_at = NULL, deadline = NULL, reward = NULL, metrics = '{}'::jsonb,
+           messages = NULL, error = NULL, ended_at = NULL
+     WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3 AND e.attempt <> $4
+       AND NOT (e.status IN ('finished', 'failed', 'dropped') AND $5
+                AND NOT EXISTS (SELECT 1 FROM episode_calls c
+                                 WHERE c.episode_id = e.id AND c.issue = e.issued
+                                   AND c.policy_version <> $6))
+       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = $1 AND r.lease_owner = $7
+                                          AND r.attempt = $4)
+"""
+
+_OPEN_INSERT = """
+    INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
+                          task_input_id, prompt, context, status, attempt, issued, max_issues,
+                          max_calls, timeout_seconds, calls, metrics)
+    SELECT gen_random_uuid(), $1, $2, $3, r.slot, r.group_index, r.rollout_index,
+           r.task_input_id, r.prompt, r.context, 'pending', $4, 0, $5, $6, $7, 0, '{}'::jsonb
+      FROM jsonb_to_recordset(($8::text)::jsonb)
+           AS r(slot int, group_index int, rollout_index int, task_input_id uuid,
+                prompt jsonb, context jsonb)
+     WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_owner = $9 AND attempt = $4)
+    ON CONFLICT (run_id, phase, step, slot) DO NOTHING
+"""
+
+_EXPIRE = """
+    UPDATE episodes
+       SET status = CASE WHEN issued >= max_issues THEN 'dropped' ELSE 'pending' END,
+           token_hash = NULL,
+           error = CASE WHEN issued >= max_issues
+                        THEN format('handed out %s times, never finished within %s s',
+                                    issued, timeout_seconds)
+                        ELSE error END,
+           ended_at = CASE WHEN issued >= max_issues THEN now() END
+     WHERE run_id = $1 AND phase = $2 AND step = $3 AND status = 'claimed'
+       AND deadline <= now()
+    RETURNING status
+"""
+
+
 async def run_of(pg: asyncpg.Pool, run_id: uuid.UUID, project_id: uuid.UUID) -> asyncpg.Record:
     row = await pg.fetchrow(_RUN, run_id, project_id)
     if row is None:
@@ -101,6 +152,38 @@ async def claim(pg: asyncpg.Pool, run_id: uuid.UUID, n: int) -> list[tuple[async
     secrets_ = [tokens.new_secret() for _ in range(n)]
     rows = await pg.fetch(_CLAIM, run_id, [tokens.digest(s) for s in secrets_], n)
     return [(row, tokens.token(row["id"], secrets_[row["n"] - 1])) for row in rows]
+
+
+async def open_step(
+    conn: asyncpg.Connection,
+    run_id: uuid.UUID,
+    phase: str,
+    step: int,
+    fence: Fence,
+    *,
+    reusable: bool,
+    version: int,
+    limits: tuple[int, int, float],
+    rows: list[dict[str, Any]],
+) -> None:
+    """One ``pending`` episode per rollout of the step (``rows``: slot, group and rollout
+    index, input, prompt, context), in one transaction; ``limits``: max_issues, max_calls,
+    timeout_seconds."""
+    async with conn.transaction():
+        await conn.execute(
+            _OPEN_RESET, run_id, phase, step, fence.attempt, reusable, version, fence.owner
+        )
+        await conn.execute(
+            _OPEN_INSERT, run_id, phase, step, fence.attempt, *limits, json.dumps(rows), fence.owner
+        )
+
+
+async def expire_claims(
+    conn: asyncpg.Connection, run_id: uuid.UUID, phase: str, step: int
+) -> list[EpisodeStatus]:
+    """Take back the step's claims past their deadline: each episode ``pending`` again, or
+    ``dropped`` once handed out max_issues times; their new statuses."""
+    return [EpisodeStatus(r["status"]) for r in await conn.fetch(_EXPIRE, run_id, phase, step)]
 
 
 def run_is_over(status: str) -> bool:

@@ -12,8 +12,7 @@ from safetensors.torch import load_file
 from sqlalchemy import select
 
 from app.checkpoints.models import Checkpoint
-from app.events.models import RunEvent
-from tests.support.runs import series, trajectory_keys, wait_for
+from tests.support.runs import events, series, trajectory_keys, wait_for
 from tests.support.workers import letter_rows, letters_run
 
 VALIDATION = [{"input_text": t, "split": "validation"} for t in ["Whisper.", "Hum."]]
@@ -66,32 +65,19 @@ async def test_a_plateau_stops_the_run_early_keeping_the_best_and_metrics_are_re
     # Rollouts of the steps it trained, once; none after it stopped.
     assert await trajectory_keys(sessionmaker, run["id"]) == letter_rows(6)
 
+    said = await events(sessionmaker, run["id"])
+    [early_stop] = [e for e in said if e.type == "early_stop"]
+    completed = [e for e in said if e.type == "status"][-1]
     async with sessionmaker() as s:
-        said = (
-            await s.execute(
-                select(RunEvent).where(
-                    RunEvent.run_id == uuid.UUID(run["id"]), RunEvent.type == "early_stop"
-                )
-            )
-        ).scalar_one()
         saved = (
             (await s.execute(select(Checkpoint).where(Checkpoint.run_id == uuid.UUID(run["id"]))))
             .scalars()
             .all()
         )
-        completed = (
-            (
-                await s.execute(
-                    select(RunEvent).where(
-                        RunEvent.run_id == uuid.UUID(run["id"]), RunEvent.type == "status"
-                    )
-                )
-            )
-            .scalars()
-            .all()[-1]
-        )
-    assert said.message.startswith("stopped early at step 6 of 20: eval_metric/a rose by no more")
-    assert said.data == stopped
+    assert early_stop.message.startswith(
+        "stopped early at step 6 of 20: eval_metric/a rose by no more"
+    )
+    assert early_stop.data == stopped
     assert "stopped early after 6 of 20 steps" in completed.message
     final = next(c for c in saved if c.is_final)
     assert final.step == 6 and final.metrics["stopped_early"] == stopped

@@ -29,7 +29,9 @@ import redis
 
 from app.core.embedded import redis_py_url
 from app.core.services import redis_url
+from app.gateway import service as episodes
 from app.gateway import wire
+from app.gateway.models import EpisodeStatus
 from app.gateway.samples import Sample, StoredCall, canonical_tools, stitch
 from app.observability import prometheus
 from app.runs.spec.environments import GatewayEnvironment
@@ -39,47 +41,6 @@ from workers.gateway.engine import BadCall, Call, TransformersEngine, template_m
 from workers.gateway.push import Pusher
 
 log = logging.getLogger(__name__)
-
-_OPEN_RESET = """
-    UPDATE episodes AS e
-       SET status = 'pending', attempt = $4, issued = 0, calls = 0, token_hash = NULL,
-           claimed_at = NULL, deadline = NULL, reward = NULL, metrics = '{}'::jsonb,
-           messages = NULL, error = NULL, ended_at = NULL
-     WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3 AND e.attempt <> $4
-       AND NOT (e.status IN ('finished', 'failed', 'dropped') AND $5
-                AND NOT EXISTS (SELECT 1 FROM episode_calls c
-                                 WHERE c.episode_id = e.id AND c.issue = e.issued
-                                   AND c.policy_version <> $6))
-       AND EXISTS (SELECT 1 FROM runs r WHERE r.id = $1 AND r.lease_owner = $7
-                                          AND r.attempt = $4)
-"""
-
-_OPEN_INSERT = """
-    INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
-                          task_input_id, prompt, context, status, attempt, issued, max_issues,
-                          max_calls, timeout_seconds, calls, metrics)
-    SELECT gen_random_uuid(), $1, $2, $3, r.slot, r.group_index, r.rollout_index,
-           r.task_input_id, r.prompt, r.context, 'pending', $4, 0, $5, $6, $7, 0, '{}'::jsonb
-      FROM jsonb_to_recordset(($8::text)::jsonb)
-           AS r(slot int, group_index int, rollout_index int, task_input_id uuid,
-                prompt jsonb, context jsonb)
-     WHERE EXISTS (SELECT 1 FROM runs WHERE id = $1 AND lease_owner = $9 AND attempt = $4)
-    ON CONFLICT (run_id, phase, step, slot) DO NOTHING
-"""
-
-_EXPIRE = """
-    UPDATE episodes
-       SET status = CASE WHEN issued >= max_issues THEN 'dropped' ELSE 'pending' END,
-           token_hash = NULL,
-           error = CASE WHEN issued >= max_issues
-                        THEN format('handed out %s times, never finished within %s s',
-                                    issued, timeout_seconds)
-                        ELSE error END,
-           ended_at = CASE WHEN issued >= max_issues THEN now() END
-     WHERE run_id = $1 AND phase = $2 AND step = $3 AND status = 'claimed'
-       AND deadline <= now()
-    RETURNING status
-"""
 
 _OPEN_STATE = """
     SELECT count(*) FILTER (WHERE status IN ('pending', 'claimed')) AS open,
@@ -208,28 +169,17 @@ class GatewayRollouts:
         reusable = self.resumed_at is not None and version == self.resumed_at
 
         async def open_rows() -> None:
-            async with self.ctx.runtime.pg() as conn, conn.transaction():
-                await conn.execute(
-                    _OPEN_RESET,
+            async with self.ctx.runtime.pg() as conn:
+                await episodes.open_step(
+                    conn,
                     self.spec.id,
                     phase,
                     step,
-                    fence.attempt,
-                    reusable,
-                    version,
-                    fence.owner,
-                )
-                await conn.execute(
-                    _OPEN_INSERT,
-                    self.spec.id,
-                    phase,
-                    step,
-                    fence.attempt,
-                    env.max_issues,
-                    env.max_calls,
-                    env.episode_timeout_seconds,
-                    json.dumps(payload),
-                    fence.owner,
+                    fence,
+                    reusable=reusable,
+                    version=version,
+                    limits=(env.max_issues, env.max_calls, env.episode_timeout_seconds),
+                    rows=payload,
                 )
 
         self.ctx.runtime.run(open_rows())
@@ -275,9 +225,9 @@ class GatewayRollouts:
 
     async def _state(self, phase: str, step: int) -> tuple[int, int, float | None, int]:
         async with self.ctx.runtime.pg() as conn:
-            expired = await conn.fetch(_EXPIRE, self.spec.id, phase, step)
+            expired = await episodes.expire_claims(conn, self.spec.id, phase, step)
             state = await conn.fetchrow(_OPEN_STATE, self.spec.id, phase, step)
-        reissued = sum(1 for r in expired if r["status"] == "pending")
+        reissued = sum(1 for status in expired if status == EpisodeStatus.pending)
         prometheus.GATEWAY_EPISODES.labels("expired").inc(len(expired))
         prometheus.GATEWAY_EPISODES.labels("dropped").inc(len(expired) - reissued)
         deadline = state["next_deadline"]
