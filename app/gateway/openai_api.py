@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from redis.exceptions import RedisError
 
+from app.core import jsontext
 from app.core.domain import Conflict, NotFound
 from app.gateway import service, tokens
 from app.observability import prometheus
@@ -211,19 +212,22 @@ async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
             media_type="text/event-stream",
             headers=headers,
         )
-    return JSONResponse(
-        {
-            "id": f"chatcmpl-{call_id.hex}",
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "system_fingerprint": f"policy-{reply['policy_version']}",
-            "choices": [
-                {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
-            ],
-            "usage": usage,
-            "trainyard": extension,
-        },
+    return Response(
+        jsontext.dumpb(
+            {
+                "id": f"chatcmpl-{call_id.hex}",
+                "object": "chat.completion",
+                "created": created,
+                "model": model,
+                "system_fingerprint": f"policy-{reply['policy_version']}",
+                "choices": [
+                    {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+                ],
+                "usage": usage,
+                "trainyard": extension,
+            }
+        ),
+        media_type="application/json",
         headers=headers,
     )
 
@@ -260,7 +264,7 @@ def _chunk(call_id: uuid.UUID, created: int, model: str, choices: list[Any], **e
         "choices": choices,
         **extra,
     }
-    return b"data: " + json.dumps(body, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + jsontext.dumpb(body) + b"\n\n"
 
 
 async def _chunks(

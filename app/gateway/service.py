@@ -15,6 +15,7 @@ from typing import Any
 
 import asyncpg
 
+from app.core import jsontext
 from app.core.domain import Conflict, NotFound
 from app.gateway import tokens, wire
 from app.gateway.models import EpisodeStatus
@@ -264,8 +265,8 @@ async def record_call(
         issue,
         seq,
         int(reply["policy_version"]),
-        json.dumps(request),
-        json.dumps(response),
+        jsontext.dumps(request),
+        jsontext.dumps(response),
         wire.pack_ids(reply["prompt_ids"]),
         wire.pack_ids(reply["completion_ids"]),
         wire.pack_floats(reply["logprobs"]),

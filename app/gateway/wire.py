@@ -19,10 +19,11 @@ inbox for the next holder of the run instead of connection errors.
 
 from __future__ import annotations
 
-import json
 import struct
 import uuid
 from typing import Any
+
+from app.core import jsontext
 
 #: How long answers wait in a reply list whose API process went away.
 REPLY_TTL_SECONDS = 120
@@ -51,11 +52,11 @@ def reply(prefix: str, process: uuid.UUID | str) -> str:
 
 
 def dumps(message: dict[str, Any]) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode()
+    return jsontext.dumpb(message)
 
 
 def loads(raw: bytes | str) -> dict[str, Any]:
-    value = json.loads(raw)
+    value = jsontext.loads(raw)
     if not isinstance(value, dict):
         raise ValueError("a gateway message is a JSON object")
     return value
