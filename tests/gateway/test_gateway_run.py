@@ -12,7 +12,7 @@ import httpx
 import trainyard
 
 from app.gateway.samples import StoredCall, stitch
-from tests.support.runs import trajectory_keys
+from tests.support.runs import series, trajectory_keys
 from tests.support.workers import letter_rows, letters_run
 
 
@@ -84,6 +84,13 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
         first["completion_ids"]
     )
     assert first["policy_version"] == detail["step"] - 1
+
+    # Each step's 16 calls were answered together where they came in together: the worker
+    # gathers the claimed episodes' calls before generating, and says how many it got per
+    # generation (at least one; in practice several).
+    per_generation = await series(sessionmaker, run.id, "gateway/calls_per_generation")
+    assert [step for step, _ in per_generation] == [1, 2, 3]
+    assert all(1 <= value <= 16 for _, value in per_generation), per_generation
 
 
 async def test_an_episode_token_opens_that_episode_only(

@@ -98,6 +98,7 @@ class TransformersEngine:
         self.trainer = trainer
         self.tokenizer = trainer.processing_class
         self.max_completion_length = max_completion_length
+        self.generations = 0  # model.generate calls made, for the calls-per-generation metric
         self.eos = set(trainer.eos_token_ids)
         self.pad = self.tokenizer.pad_token_id
         # What closes an assistant turn in the template (ChatML's <|im_end|>, Llama's
@@ -181,6 +182,7 @@ class TransformersEngine:
         for key, members in groups.items():
             started = time.monotonic()
             outs = self._generate([calls[i] for i in members], key)
+            self.generations += 1
             ms = (time.monotonic() - started) * 1000
             for i, out in zip(members, outs, strict=True):
                 replies[i] = {**out, "policy_version": policy_version, "generation_ms": ms}

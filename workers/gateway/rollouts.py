@@ -130,19 +130,24 @@ class GatewayRollouts:
         version = int(trainer.state.global_step)
         step = version + 1 if phase == "train" else version
         started = time.monotonic()
+        generations = self.engine.generations
         self._open(phase, step, version, prompts, rows)
         if self.pusher is None:
             self.redis.publish(self.available, b"1")  # pull: the harnesses' claims wake
         served = self._serve(phase, step, version)
+        generations = self.engine.generations - generations
         episodes = self.ctx.runtime.run(self._ended(phase, step))
         out = self._samples(episodes, prompts)
+        for view in out["gateway"]:
+            view["serving"] = {"calls": served, "generations": generations}
         log.info(
-            "run %s: %s step %d: %d episodes ended, %d calls answered in %.2f s",
+            "run %s: %s step %d: %d episodes ended, %d calls answered in %d generations, %.2f s",
             self.spec.id,
             phase,
             step,
             len(episodes),
             served,
+            generations,
             time.monotonic() - started,
         )
         self.history.clear()
@@ -453,4 +458,13 @@ def step_metrics(gateway: list[dict[str, Any]]) -> dict[str, float]:
         "gateway/episodes_reissued": float(sum(m["issues"] > 1 for m in meta)),
         "gateway/episodes_split": float(sum(m["sequence"] == "split" for m in meta)),
         "gateway/calls_per_episode": sum(m["calls"] for m in meta) / n,
+        **_serving(gateway),
     }
+
+
+def _serving(gateway: list[dict[str, Any]]) -> dict[str, float]:
+    """How many calls each of the step's generations answered together."""
+    serving = gateway[0].get("serving") if gateway else None
+    if not serving or not serving["generations"]:
+        return {}
+    return {"gateway/calls_per_generation": serving["calls"] / serving["generations"]}
