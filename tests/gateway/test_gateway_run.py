@@ -85,9 +85,8 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
     )
     assert first["policy_version"] == detail["step"] - 1
 
-    # Each step's 16 calls were answered together where they came in together: the worker
-    # gathers the claimed episodes' calls before generating, and says how many it got per
-    # generation (at least one; in practice several).
+    # Each step says how many calls each of its generations answered: the calls that queued
+    # while the engine generated are answered together (at least one; 16 calls a step).
     per_generation = await series(sessionmaker, run.id, "gateway/calls_per_generation")
     assert [step for step, _ in per_generation] == [1, 2, 3]
     assert all(1 <= value <= 16 for _, value in per_generation), per_generation
