@@ -8,7 +8,6 @@ claims past their deadline."""
 
 from __future__ import annotations
 
-import json
 import uuid
 from datetime import datetime
 from typing import Any
@@ -175,7 +174,14 @@ async def open_step(
             _OPEN_RESET, run_id, phase, step, fence.attempt, reusable, version, fence.owner
         )
         await conn.execute(
-            _OPEN_INSERT, run_id, phase, step, fence.attempt, *limits, json.dumps(rows), fence.owner
+            _OPEN_INSERT,
+            run_id,
+            phase,
+            step,
+            fence.attempt,
+            *limits,
+            jsontext.dumps(rows),
+            fence.owner,
         )
 
 
@@ -209,8 +215,8 @@ async def end(
         token_hash,
         status,
         reward,
-        json.dumps(metrics or {}),
-        None if messages is None else json.dumps(messages),
+        jsontext.dumps(metrics or {}),
+        None if messages is None else jsontext.dumps(messages),
         error,
     )
     if run_id is None:
@@ -286,7 +292,7 @@ def _decoded(row: asyncpg.Record) -> dict[str, Any]:
     out = dict(row)
     for key in ("metrics", "prompt", "context", "messages", "request", "response"):
         if isinstance(out.get(key), str):
-            out[key] = json.loads(out[key])
+            out[key] = jsontext.loads(out[key])
     return out
 
 
@@ -353,8 +359,8 @@ async def episode_detail(
 
 
 def json_list(value: Any) -> list[dict[str, Any]]:
-    return json.loads(value) if isinstance(value, str) else list(value or [])
+    return jsontext.loads(value) if isinstance(value, str) else list(value or [])
 
 
 def json_object(value: Any) -> dict[str, Any]:
-    return json.loads(value) if isinstance(value, str) else dict(value or {})
+    return jsontext.loads(value) if isinstance(value, str) else dict(value or {})

@@ -20,13 +20,13 @@ For each batch TRL asks for (a training step, or an evaluation):
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from typing import Any
 
 import redis
 
+from app.core import jsontext
 from app.core.embedded import redis_py_url
 from app.core.services import redis_url
 from app.gateway import service as episodes
@@ -165,7 +165,7 @@ class GatewayRollouts:
                 "rollout_index": i % g,
                 "task_input_id": row.get("input_id"),
                 "prompt": prompt,
-                "context": json.loads(row.get("context") or "{}") or {},
+                "context": jsontext.loads(row.get("context") or "{}") or {},
             }
             for i, (prompt, row) in enumerate(zip(prompts, rows, strict=True))
         ]
@@ -388,13 +388,13 @@ def _conversation(row: Any, prompt: list[dict[str, Any]]) -> list[dict[str, Any]
     them, else its last call's messages and answer; what repeats the run's prompt left out."""
     messages = row["messages"]
     if isinstance(messages, str):
-        messages = json.loads(messages)
+        messages = jsontext.loads(messages)
     if not messages and row["requests"]:
         last_request = row["requests"][-1]
         last_response = row["responses"][-1]
         if isinstance(last_request, str):
-            last_request = json.loads(last_request)
-            last_response = json.loads(last_response)
+            last_request = jsontext.loads(last_request)
+            last_response = jsontext.loads(last_response)
         messages = [*last_request.get("messages", []), last_response.get("message", {})]
     messages = list(messages or [])
     n = 0
@@ -417,7 +417,7 @@ def _episode_view(
 ) -> dict[str, Any]:
     metrics = row["metrics"]
     if isinstance(metrics, str):
-        metrics = json.loads(metrics)
+        metrics = jsontext.loads(metrics)
     messages = _conversation(row, prompt)
     final = ""
     for message in reversed(messages):
