@@ -56,6 +56,25 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
     return True if not selected else None
 
 
+#: How much of each process log a failing test's report shows.
+_LOG_TAIL = 6000
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failing test shows the end of each log its processes wrote (the API's, each
+    worker's: ``*.log`` in its ``tmp_path``): a 500 in CI is otherwise a dead end."""
+    report = yield
+    tmp = getattr(item, "funcargs", {}).get("tmp_path")
+    if report.failed and call.when != "teardown" and isinstance(tmp, Path):
+        for log in sorted(tmp.glob("*.log")):
+            text = log.read_text(errors="replace")
+            report.sections.append(
+                (f"{log.name} (its last {_LOG_TAIL} characters)", text[-_LOG_TAIL:])
+            )
+    return report
+
+
 def _base_urls(tmp_home: Path) -> tuple[str, str, list[Any]]:
     """The configured URLs, or embedded servers (and the ones this session started)."""
     db = os.environ.get("TRAINYARD_DATABASE_URL")

@@ -117,12 +117,13 @@ DEPTH_MESSAGE = f"must not nest more than {MAX_JSON_DEPTH} levels deep"
 _CONTAINERS = (dict, list, tuple)
 
 
-def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
-    """Why ``value`` cannot be stored and served back, or None. Iterative (a deep value
-    cannot exhaust the stack) and lean: it runs for every line of a 100,000-line dataset."""
+def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH, nul: bool = False) -> str | None:
+    """Why ``value`` cannot be stored and served back, or None; with ``nul``, NUL characters
+    are not a reason (the caller replaces them). Iterative (a deep value cannot exhaust the
+    stack) and lean: it runs for every line of a 100,000-line dataset."""
     kind = type(value)
     if kind is str:
-        return NUL_MESSAGE if "\x00" in value else None
+        return NUL_MESSAGE if "\x00" in value and not nul else None
     if kind is float:
         return None if math.isfinite(value) else NAN_MESSAGE
     if kind not in _CONTAINERS:
@@ -134,7 +135,7 @@ def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
             return DEPTH_MESSAGE
         if type(item) is dict:
             for key in item:
-                if type(key) is str and "\x00" in key:
+                if type(key) is str and "\x00" in key and not nul:
                     return NUL_MESSAGE
             children = item.values()
         else:
@@ -142,7 +143,7 @@ def unstorable(value: Any, *, max_depth: int = MAX_JSON_DEPTH) -> str | None:
         for child in children:
             t = type(child)
             if t is str:
-                if "\x00" in child:
+                if "\x00" in child and not nul:
                     return NUL_MESSAGE
             elif t is float:
                 if not math.isfinite(child):
@@ -165,6 +166,13 @@ def _storable(value: Any) -> Any:
     return value
 
 
+def _storable_but_nul(value: Any) -> Any:
+    reason = unstorable(value, nul=True)
+    if reason:
+        raise ValueError(reason)
+    return jsonable(value)  # within the limits: only NUL characters change
+
+
 NulFreeStr = Annotated[str, NUL_FREE, AfterValidator(_nul_free)]
 # An http(s) URL. One pattern that also refuses NUL, rather than a pattern on a NulFreeStr:
 # in an optional field pydantic writes only NulFreeStr's pattern into the document, so
@@ -172,6 +180,10 @@ NulFreeStr = Annotated[str, NUL_FREE, AfterValidator(_nul_free)]
 HTTP_URL_PATTERN = r"^https?://[^\x00]*$"
 HttpUrlStr = Annotated[str, Field(pattern=HTTP_URL_PATTERN)]
 StorableObject = Annotated[dict[str, Any], STORABLE_OBJECT, AfterValidator(_storable)]
+# What a harness hands back of a conversation with the policy: a StorableObject, except that
+# NUL characters (a young policy emits them, and the gateway sends them on as written) are
+# stored as U+FFFD, not refused. Documented as a StorableObject: a client need not send them.
+PolicyTextObject = Annotated[dict[str, Any], STORABLE_OBJECT, AfterValidator(_storable_but_nul)]
 # In an answer: a stored free-form object, documented as what it holds (what StorableObject
 # let in, or what jsonable made storable) and served as it is, without a check.
 StoredObject = Annotated[dict[str, Any], STORABLE_OBJECT]

@@ -9,7 +9,7 @@ from datetime import datetime
 from pydantic import BaseModel, Field
 
 from app.core.pagination import Page
-from app.core.storable import NulFreeStr, RequestModel, StorableObject, StoredObject
+from app.core.storable import NulFreeStr, PolicyTextObject, RequestModel, StoredObject
 from app.gateway.models import EpisodeStatus
 
 MAX_CLAIM = 64
@@ -71,11 +71,12 @@ class FinishBody(RequestModel):
         max_length=100,
         description="Numbers about the episode to keep with it (turns, tests passed, …).",
     )
-    messages: list[StorableObject] | None = Field(
+    messages: list[PolicyTextObject] | None = Field(
         default=None,
         max_length=10_000,
         description="The episode's conversation as the harness ends it, to store with the "
-        "trajectory; unset: its last call's messages and answer.",
+        "trajectory (a NUL character the policy wrote is stored as U+FFFD); unset: its last "
+        "call's messages and answer.",
     )
 
 

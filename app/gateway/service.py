@@ -271,8 +271,8 @@ async def record_call(
         issue,
         seq,
         int(reply["policy_version"]),
-        jsontext.dumps(request),
-        jsontext.dumps(response),
+        jsontext.jsonb(request),  # as the client sent it, NUL and NaN aside
+        jsontext.jsonb(response),  # as the policy wrote it, NUL aside
         wire.pack_ids(reply["prompt_ids"]),
         wire.pack_ids(reply["completion_ids"]),
         wire.pack_floats(reply["logprobs"]),

@@ -6,12 +6,15 @@ import math
 
 import pytest
 from pydantic import BaseModel, ValidationError
+from sqlalchemy import text
 
-from app.core.limits import MAX_SERVED_DEPTH
+from app.core import jsontext
+from app.core.limits import MAX_JSON_DEPTH, MAX_SERVED_DEPTH
 from app.core.storable import (
     TOO_DEEP,
     FiniteFloat,
     NulFreeStr,
+    PolicyTextObject,
     RequestModel,
     StorableObject,
     jsonable,
@@ -75,3 +78,46 @@ def test_finite_float_without_request_model() -> None:
     with pytest.raises(ValidationError):
         _Loose(finite=math.nan)
     assert _Loose(finite=1.0).finite == 1.0
+
+
+async def test_jsonb_text_is_what_postgresql_takes_whatever_the_value_holds(sessionmaker) -> None:
+    """A gateway call is recorded as it came: NUL characters (a young policy writes them,
+    a client sends them back) and NaN (a client may send it) would make jsonb refuse the row
+    and the call a 500."""
+    deep: object = "end"
+    for _ in range(300):  # deeper than pydantic-core writes
+        deep = [deep]
+    cases = [
+        (
+            {"content": "a\x00b", "k\x00": [math.nan, -math.inf, 1.5]},
+            {"content": "a\ufffdb", "k\ufffd": [None, None, 1.5]},
+        ),
+        # The text's own backslash before the letters u0000 is left alone; a NUL after it not.
+        ("\\u0000 \\\x00 \\\\u0000", "\\u0000 \\\ufffd \\\\u0000"),
+        ({"plain": ["text", 1, True, None]}, {"plain": ["text", 1, True, None]}),
+    ]
+    async with sessionmaker() as s:
+        for value, stored in cases:
+            row = await s.scalar(text("SELECT CAST(:t AS jsonb)"), {"t": jsontext.jsonb(value)})
+            assert row == stored
+        row = await s.scalar(
+            text("SELECT CAST(:t AS jsonb)"), {"t": jsontext.jsonb([deep, "\x00"])}
+        )
+    assert row == jsonable([deep, "\x00"])  # what an answer can hold of it
+
+
+class _Finish(RequestModel):
+    messages: list[PolicyTextObject]
+
+
+def test_a_conversation_handed_back_keeps_what_the_policy_wrote_nul_as_u_fffd() -> None:
+    said = {"role": "assistant", "content": "a\x00b", "tool_calls": [{"arguments": {"x\x00": 1}}]}
+    assert _Finish(messages=[said]).messages == [
+        {"role": "assistant", "content": "a\ufffdb", "tool_calls": [{"arguments": {"x\ufffd": 1}}]}
+    ]
+    deep: object = "\x00"
+    for _ in range(MAX_JSON_DEPTH + 1):
+        deep = [deep]
+    for bad in ({"content": "\x00", "n": math.nan}, {"content": deep}):  # the other limits hold
+        with pytest.raises(ValidationError):
+            _Finish(messages=[bad])

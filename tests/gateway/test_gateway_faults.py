@@ -130,11 +130,47 @@ async def test_garbage_from_a_harness_is_refused_and_never_stalls_the_run(
                     headers={**auth, "content-type": "application/json"},
                 )
                 assert r.status_code == 422, r.text
+            # What jsonb cannot hold is no garbage: NUL (a young policy writes it, the harness
+            # sends it back) and NaN in a field the gateway does not read. Answered, recorded
+            # (NUL as U+FFFD, NaN as null) and the conversation kept at the finish.
+            odd = held[1]
+            said = {"role": "user", "content": "zero\x00byte"}
+            r = await http.post(
+                f"/gateway/episodes/{odd.id}/v1/chat/completions",
+                content=b'{"messages": [{"role": "user", "content": "zero\\u0000byte"}], '
+                b'"max_tokens": 4, "x_extra": NaN}',
+                headers={
+                    "Authorization": f"Bearer {odd.token}",
+                    "content-type": "application/json",
+                },
+            )
+            assert r.status_code == 200, r.text
+            answer = r.json()["choices"][0]["message"]
+            r = await http.post(
+                f"/episodes/{odd.id}/finish",
+                json={"reward": 0.5, "messages": [said, {**answer, "content": "\x00"}]},
+                headers={"Authorization": f"Bearer {odd.token}"},
+            )
+            assert r.status_code == 200, r.text
         # The garbage cost nothing: every episode can still be played and finished.
         for episode in held:
-            await episode.finish(reward=await one_call(episode))
+            if episode is not odd:
+                await episode.finish(reward=await one_call(episode))
     done = await wait_for(sessionmaker, run.id, lambda r: r.status in {"completed", "failed"}, 120)
     assert done.status == "completed", done.error
+    async with sessionmaker() as s:
+        request, messages = (
+            await s.execute(
+                text(
+                    "SELECT c.request, e.messages FROM episode_calls c "
+                    "JOIN episodes e ON e.id = c.episode_id WHERE e.id = :e"
+                ),
+                {"e": uuid.UUID(odd.id)},
+            )
+        ).one()
+    assert request["messages"] == [{"role": "user", "content": "zero\ufffdbyte"}]
+    assert request["x_extra"] is None
+    assert messages[0]["content"] == "zero\ufffdbyte" and messages[1]["content"] == "\ufffd"
 
 
 async def test_a_worker_killed_mid_step_keeps_the_finished_episodes(
