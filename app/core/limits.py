@@ -123,3 +123,7 @@ MAX_SERVED_DEPTH = 2 * MAX_JSON_DEPTH
 MAX_INPUT_CHARS = 32_000
 # Rows of one dataset; also the most num_examples a run may ask for.
 MAX_DATASET_ROWS = 100_000
+# The most messages (or Responses input items) one gateway call and one finished episode may
+# hold, and the most tools one call may offer.
+MAX_CALL_MESSAGES = 10_000
+MAX_CALL_TOOLS = 256

@@ -1,11 +1,12 @@
 """Each episode's OpenAI-compatible endpoint: ``/gateway/episodes/{id}/v1``.
 
-``POST …/chat/completions`` (streamed or not) and ``GET …/models``, as the official SDKs
-call them, with the episode's token as the API key. Every answer comes from the run's
-policy on its engine, through the worker that holds the run (app/gateway/wire.py), and is
-recorded, with the engine's token ids, before it is sent. Errors are OpenAI's error object
-(``{"error": {"message", "type", "param", "code"}}``), so the SDKs raise their own
-exceptions; these routes are OpenAI's, not in /openapi.json.
+``POST …/chat/completions`` and ``POST …/responses`` (the Responses API, translated to the
+Chat Completions request it means: app/gateway/responses_api.py), streamed or not, and
+``GET …/models``, as the official SDKs call them, with the episode's token as the API key.
+Every answer comes from the run's policy on its engine, through the worker that holds the
+run (app/gateway/wire.py), and is recorded, with the engine's token ids, before it is sent.
+Errors are OpenAI's error object (``{"error": {"message", "type", "param", "code"}}``), so
+the SDKs raise their own exceptions; these routes are OpenAI's, not in /openapi.json.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from redis.exceptions import RedisError
 
 from app.core import jsontext
 from app.core.domain import Conflict, NotFound
-from app.gateway import service, tokens
+from app.core.limits import MAX_CALL_MESSAGES, MAX_CALL_TOOLS
+from app.gateway import responses_api, service, tokens
 from app.observability import prometheus
 
 router = APIRouter(prefix="/gateway/episodes/{episode_id}/v1", include_in_schema=False)
@@ -38,8 +40,8 @@ class ChatRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
-    messages: list[dict[str, Any]] = Field(min_length=1, max_length=10_000)
-    tools: list[dict[str, Any]] | None = Field(default=None, max_length=256)
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=MAX_CALL_MESSAGES)
+    tools: list[dict[str, Any]] | None = Field(default=None, max_length=MAX_CALL_TOOLS)
     tool_choice: str | dict[str, Any] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -113,28 +115,26 @@ async def models(episode_id: uuid.UUID, request: Request) -> Response:
     )
 
 
-@router.post("/chat/completions")
-async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
-    started = time.monotonic()
-    digest = _token(request, episode_id)
-    if isinstance(digest, JSONResponse):
-        return digest
-    try:
-        body = ChatRequest.model_validate_json(await request.body())
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        return openai_error(
-            400, f"{param}: {first['msg']}", type_="invalid_request_error", param=param
-        )
+def _bad_request(message: str, param: str | None) -> JSONResponse:
+    return openai_error(400, message, type_="invalid_request_error", param=param)
+
+
+def _invalid(exc: ValidationError) -> JSONResponse:
+    first = exc.errors()[0]
+    param = ".".join(str(p) for p in first["loc"]) or None
+    return _bad_request(f"{param}: {first['msg']}", param)
+
+
+async def answer(
+    request: Request, episode_id: uuid.UUID, digest: str, asked: dict[str, Any], started: float
+) -> service.Answered | JSONResponse:
+    """Count the call against the episode's claim, have the run's worker answer ``asked`` (a
+    Chat Completions request) and record it: the answer, or OpenAI's error for the client."""
     pg = request.app.state.pg
     try:
         opened = await service.open_call(pg, episode_id, digest)
     except (NotFound, Conflict) as exc:
         return _domain_error(exc)
-    asked = body.model_dump(exclude_none=True, exclude={"stream", "stream_options"})
-    if body.tool_choice == "none":
-        asked.pop("tools", None)
     call_id = uuid.uuid4()
     seconds = min(MAX_CALL_SECONDS, max(0.0, float(opened["seconds_left"])))
     try:
@@ -197,38 +197,88 @@ async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
         response={"message": message, "finish_reason": finish, "usage": usage},
         latency_ms=latency_ms,
     )
+    return service.Answered(
+        call_id, message, finish, usage, int(reply["policy_version"]), episode_id
+    )
+
+
+@router.post("/chat/completions")
+async def chat_completions(episode_id: uuid.UUID, request: Request) -> Response:
+    started = time.monotonic()
+    digest = _token(request, episode_id)
+    if isinstance(digest, JSONResponse):
+        return digest
+    try:
+        body = ChatRequest.model_validate_json(await request.body())
+    except ValidationError as exc:
+        return _invalid(exc)
+    asked = body.model_dump(exclude_none=True, exclude={"stream", "stream_options"})
+    if body.tool_choice == "none":
+        asked.pop("tools", None)
+    answered = await answer(request, episode_id, digest, asked, started)
+    if isinstance(answered, JSONResponse):
+        return answered
     created = int(time.time())
     model = body.model or "policy"
-    extension = {
-        "episode_id": str(episode_id),
-        "call_id": str(call_id),
-        "policy_version": reply["policy_version"],
-    }
-    headers = {"x-trainyard-policy-version": str(reply["policy_version"])}
     if body.stream:
         include_usage = bool((body.stream_options or {}).get("include_usage"))
         return StreamingResponse(
-            _chunks(call_id, created, model, message, finish, usage, include_usage, extension),
+            _chunks(answered, created, model, include_usage),
             media_type="text/event-stream",
-            headers=headers,
+            headers=answered.headers,
         )
     return Response(
         jsontext.dumpb(
             {
-                "id": f"chatcmpl-{call_id.hex}",
+                "id": f"chatcmpl-{answered.call_id.hex}",
                 "object": "chat.completion",
                 "created": created,
                 "model": model,
-                "system_fingerprint": f"policy-{reply['policy_version']}",
+                "system_fingerprint": f"policy-{answered.policy_version}",
                 "choices": [
-                    {"index": 0, "message": message, "finish_reason": finish, "logprobs": None}
+                    {
+                        "index": 0,
+                        "message": answered.message,
+                        "finish_reason": answered.finish,
+                        "logprobs": None,
+                    }
                 ],
-                "usage": usage,
-                "trainyard": extension,
+                "usage": answered.usage,
+                "trainyard": answered.extension,
             }
         ),
         media_type="application/json",
-        headers=headers,
+        headers=answered.headers,
+    )
+
+
+@router.post("/responses")
+async def responses(episode_id: uuid.UUID, request: Request) -> Response:
+    """The Responses API, as the Chat Completions request it translates to
+    (app/gateway/responses_api.py)."""
+    started = time.monotonic()
+    digest = _token(request, episode_id)
+    if isinstance(digest, JSONResponse):
+        return digest
+    try:
+        body = responses_api.ResponsesRequest.model_validate_json(await request.body())
+        asked = responses_api.chat_request(body)
+    except ValidationError as exc:
+        return _invalid(exc)
+    except responses_api.Unsupported as exc:
+        return _bad_request(str(exc), exc.param)
+    answered = await answer(request, episode_id, digest, asked, started)
+    if isinstance(answered, JSONResponse):
+        return answered
+    response = responses_api.response(body, answered, created=int(time.time()))
+    if body.stream:
+        return StreamingResponse(
+            responses_api.events(response),
+            media_type="text/event-stream",
+            headers=answered.headers,
+        )
+    return Response(
+        jsontext.dumpb(response), media_type="application/json", headers=answered.headers
     )
 
 
@@ -268,17 +318,11 @@ def _chunk(call_id: uuid.UUID, created: int, model: str, choices: list[Any], **e
 
 
 async def _chunks(
-    call_id: uuid.UUID,
-    created: int,
-    model: str,
-    message: dict[str, Any],
-    finish: str,
-    usage: dict[str, int],
-    include_usage: bool,
-    extension: dict[str, Any],
+    answered: service.Answered, created: int, model: str, include_usage: bool
 ) -> AsyncIterator[bytes]:
     """The recorded answer as ``chat.completion.chunk`` events: the role, the content, each
     tool call, the finish reason, then (with ``include_usage``) the usage."""
+    call_id, message = answered.call_id, answered.message
 
     def choice(
         delta: dict[str, Any], reason: Literal["stop", "length", "tool_calls"] | None = None
@@ -290,7 +334,13 @@ async def _chunks(
         yield _chunk(call_id, created, model, choice({"content": message["content"]}))
     for i, call in enumerate(message.get("tool_calls") or []):
         yield _chunk(call_id, created, model, choice({"tool_calls": [{"index": i, **call}]}))
-    yield _chunk(call_id, created, model, choice({}, finish), trainyard=extension)  # type: ignore[arg-type]
+    yield _chunk(
+        call_id,
+        created,
+        model,
+        choice({}, answered.finish),  # type: ignore[arg-type]
+        trainyard=answered.extension,
+    )
     if include_usage:
-        yield _chunk(call_id, created, model, [], usage=usage)
+        yield _chunk(call_id, created, model, [], usage=answered.usage)
     yield b"data: [DONE]\n\n"

@@ -8,6 +8,7 @@ from datetime import datetime
 
 from pydantic import BaseModel, Field
 
+from app.core.limits import MAX_CALL_MESSAGES
 from app.core.pagination import Page
 from app.core.storable import NulFreeStr, PolicyTextObject, RequestModel, StoredObject
 from app.gateway.models import EpisodeStatus
@@ -73,7 +74,7 @@ class FinishBody(RequestModel):
     )
     messages: list[PolicyTextObject] | None = Field(
         default=None,
-        max_length=10_000,
+        max_length=MAX_CALL_MESSAGES,
         description="The episode's conversation as the harness ends it, to store with the "
         "trajectory (a NUL character the policy wrote is stored as U+FFFD); unset: its last "
         "call's messages and answer.",

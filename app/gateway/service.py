@@ -9,6 +9,7 @@ claims past their deadline."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -248,6 +249,30 @@ async def open_call(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) ->
     if row is None:
         await why_not(pg, episode_id, token_hash)
     return row
+
+
+@dataclass(frozen=True)
+class Answered:
+    """A call answered by the policy and recorded: what each API's answer is made of."""
+
+    call_id: uuid.UUID
+    message: dict[str, Any]  # OpenAI's assistant message (content, tool_calls)
+    finish: str  # "stop", "length" or "tool_calls"
+    usage: dict[str, int]  # prompt_tokens, completion_tokens, total_tokens
+    policy_version: int
+    episode_id: uuid.UUID
+
+    @property
+    def extension(self) -> dict[str, Any]:
+        return {
+            "episode_id": str(self.episode_id),
+            "call_id": str(self.call_id),
+            "policy_version": self.policy_version,
+        }
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-trainyard-policy-version": str(self.policy_version)}
 
 
 async def record_call(

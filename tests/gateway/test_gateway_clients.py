@@ -13,6 +13,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trainyard
 from openai import OpenAI
@@ -104,6 +105,69 @@ async def test_tool_calls_come_back_parsed_to_the_blocking_client(
         assert call["type"] == "function" and call["id"].startswith("call_")
         assert call["function"]["name"] in names
         assert set(json.loads(call["function"]["arguments"])) <= {"a", "b"}
+
+
+async def responses_round(
+    episode: trainyard.Episode, tools: list[dict[str, Any]], played: list[Any]
+) -> float:
+    """Two calls on the Responses API, as the Agents SDK makes them: the input with tools;
+    then the whole conversation again, the first output items echoed and each function call
+    answered (or a user turn), streamed. Both Responses go to ``played``."""
+    client = episode.openai_client()
+    first = await client.responses.create(model="policy", input=episode.messages, tools=tools)
+    answers: list[Any] = [
+        {"type": "function_call_output", "call_id": item.call_id, "output": "42"}
+        for item in first.output
+        if item.type == "function_call"
+    ] or [{"role": "user", "content": "Again."}]
+    echoed = [item.model_dump(exclude_none=True) for item in first.output]
+    stream = await client.responses.create(
+        model="policy", input=[*episode.messages, *echoed, *answers], tools=tools, stream=True
+    )
+    final = None
+    async for event in stream:
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    played.append((first, final))
+    return 0.0
+
+
+async def test_the_responses_api_plays_tool_calls_token_exact(
+    tenant, sessionmaker, start_worker, tool_model, worker_home, api_server
+) -> None:
+    """The Responses API on the ``openai`` SDK: function calls come back as output items,
+    and echoed back with their outputs they continue the engine's tokens exactly."""
+    from app.core.config_files import load_preset
+
+    body = {**load_preset(AGENT_GATEWAY), "model_name": str(tool_model), "max_steps": 1}
+    body["grpo"] = {**body["grpo"], "groups_per_step": 1}
+    tools = [{"type": "function", **t["function"]} for t in body["environment"]["tools"]]
+    start_worker(**worker_home)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        played: list[Any] = []
+        await asyncio.wait_for(
+            run.play(lambda episode: responses_round(episode, tools, played), concurrency=8), 300
+        )
+        await run.refresh()
+    assert run.status == "completed", run.data.get("error")
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        listed = (await http.get(f"/runs/{run.id}/episodes", params={"limit": 50})).json()
+    assert len(played) == 8, [e["error"] for e in listed["data"]]
+    called = [item for first, _ in played for item in first.output if item.type == "function_call"]
+    assert len(called) >= 4, [first.output for first, _ in played]
+    for item in called:
+        assert item.call_id.startswith("call_") and item.name in {t["name"] for t in tools}
+    assert all(final is not None and final.id.startswith("resp_") for _, final in played)
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        for episode in listed["data"]:
+            detail = (
+                await http.get(f"/episodes/{episode['id']}", params={"tokens": "true"})
+            ).json()
+            first, second = detail["call_log"]
+            sampled = first["prompt_ids"] + first["completion_ids"]
+            assert second["prompt_ids"][: len(sampled)] == sampled, episode["id"]
+            assert second["request"]["messages"][-1]["role"] in {"tool", "user"}
 
 
 class PushHarness(http.server.ThreadingHTTPServer):

@@ -106,14 +106,17 @@ async def test_garbage_from_a_harness_is_refused_and_never_stalls_the_run(
             episode = held[0]
             auth = {"Authorization": f"Bearer {episode.token}"}
             url = f"/gateway/episodes/{episode.id}/v1/chat/completions"
-            for body, status in [
-                (b"not json", 400),
-                (b'{"messages": []}', 400),
-                (b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', 400),
-                (b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400),
+            responses = f"/gateway/episodes/{episode.id}/v1/responses"
+            for where, body, status in [
+                (url, b"not json", 400),
+                (url, b'{"messages": []}', 400),
+                (url, b'{"messages": [{"role": "user", "content": "hi"}], "n": 3}', 400),
+                (url, b'{"messages": [{"role": "user", "content": "hi"}], "temperature": -1}', 400),
+                (responses, b'{"input": "hi", "previous_response_id": "resp_1"}', 400),
+                (responses, b'{"input": [{"type": "web_search_call"}]}', 400),
             ]:
                 r = await http.post(
-                    url, content=body, headers={**auth, "content-type": "application/json"}
+                    where, content=body, headers={**auth, "content-type": "application/json"}
                 )
                 assert r.status_code == status, r.text
                 error = r.json()["error"]
