@@ -72,10 +72,17 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
         ("grpo",),
         "an agent run (environment) trains in one process",
     ),
-    "a gateway run on the vLLM engines": (
-        {"environment": {"type": "gateway"}, "grpo": {"engine": "vllm-colocate"}},
+    "a gateway run that trains a LoRA adapter on shared vLLM": (
+        {
+            "environment": {"type": "gateway"},
+            "grpo": {
+                "engine": "vllm-server",
+                "vllm_server_url": "http://127.0.0.1:8001/v1",
+                "lora": {"r": 8},
+            },
+        },
         ("grpo",),
-        "a gateway run generates with engine 'transformers' for now",
+        "a LoRA adapter on vLLM servers is not served to gateway calls",
     ),
 }
 

@@ -12,6 +12,9 @@ import typer
 
 from app.cli.common import settings as _settings
 
+#: How long the API keeps an idle client connection open.
+KEEP_ALIVE_SECONDS = 75
+
 
 def api(
     host: str = "127.0.0.1",
@@ -48,6 +51,10 @@ def api(
         log_config=logging_config(log_level),  # applied in each of uvicorn's processes
         access_log=False,  # ours (trainyard.access) has the route, request id and project
         timeout_graceful_shutdown=10,
+        # Longer than clients keep an idle connection (httpx and the openai SDKs: 5 s, the
+        # same as uvicorn's default): else the server closes one just as a client reuses it,
+        # and that request fails with a read error (a harness's finish, say).
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,
     )
 
 

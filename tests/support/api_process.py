@@ -13,9 +13,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.support import ROOT
 from tests.support.cli import free_port, wait_for
+from tests.support.database import OwnDatabase
 
 
 class ApiProcess:
@@ -96,3 +98,10 @@ def api_process(log: Path, env: dict[str, str], **options: object) -> Iterator[A
         yield api
     finally:
         api.stop()
+
+
+@pytest.fixture
+def api_server(own_database: OwnDatabase, tmp_path: Path) -> Iterator[ApiProcess]:
+    """The API in a process of its own on the test's database: what harnesses talk to."""
+    with api_process(tmp_path / "api.log", own_database.env()) as server:
+        yield server

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.api_process import api_server  # noqa: F401  (fixtures)
 from tests.support.database import api, own_database, sessionmaker  # noqa: F401  (fixtures)
 from tests.support.llm import free_port
 from tests.support.workers import (  # noqa: F401  (fixtures)

@@ -1,4 +1,5 @@
-"""Gateway calls answered by the policy in training (``grpo.engine: transformers``).
+"""Gateway calls answered by the policy in training, on the run's engine: ``transformers``
+(the trainer's model), or TRL's vLLM (``vllm-colocate``; ``vllm-server`` without LoRA).
 
 Each call is an OpenAI chat request: messages (with tool calls and tool results), tools and
 sampling parameters. Its prompt is rendered with the model's chat template the way TRL
@@ -10,8 +11,8 @@ completion ids and the sampled tokens' log-probabilities (``log_softmax(logits /
 temperature)``, TRL's definition), and the message parsed by TRL's ``parse_response`` (tool
 calls by the chat template's response schema, as TRL parses them).
 
-Calls with the same sampling parameters are generated together: one left-padded
-``generate`` per group of parameters.
+Calls with the same sampling parameters are generated together: one ``generate`` per group
+of parameters (left-padded on transformers; vLLM batches them itself).
 """
 
 from __future__ import annotations
@@ -91,8 +92,12 @@ class Call:
     continued: bool = False  # the prompt extends the episode's previous call's ids
 
 
-class TransformersEngine:
-    """Answers calls with the trainer's model and TRL's generation settings."""
+class Engine:
+    """Answers calls with the policy the trainer trains, on the run's engine: prompts rendered
+    with TRL's rules, each completion cut and parsed the same way; subclasses sample."""
+
+    #: The longest prompt the engine takes (None: no limit of its own).
+    max_prompt_tokens: int | None = None
 
     def __init__(self, trainer: Any, max_completion_length: int) -> None:
         self.trainer = trainer
@@ -203,12 +208,90 @@ class TransformersEngine:
             stops,
         )
 
+    def _cut(self, tokens: list[int], stops: tuple[str, ...], max_new: int) -> tuple[int, str]:
+        """Where the completion ends (the EOS kept, as TRL keeps it) and why."""
+        for i, t in enumerate(tokens):
+            if t in self.eos:
+                return i + 1, "stop"
+            if stops:
+                text = self.tokenizer.decode(tokens[: i + 1])
+                if any(s in text for s in stops):
+                    return i + 1, "stop"
+        n = len(tokens)
+        while n and tokens[n - 1] == self.pad and self.pad not in self.eos:
+            n -= 1
+        return n, "length" if n >= max_new else "stop"
+
+    def _message(
+        self, prompt: list[int], completion: list[int], tools: Any, stops: tuple[str, ...]
+    ) -> dict[str, Any]:
+        from trl.chat_template_utils import parse_response
+
+        try:
+            parsed = parse_response(self.tokenizer, completion, prefix=prompt, tools=tools)
+        except Exception:  # a completion the schema cannot read: its text, as TRL falls back
+            parsed = {"content": self.tokenizer.decode(completion, skip_special_tokens=True)}
+        content = parsed.get("content")
+        content = content if isinstance(content, str) else _text(content)
+        for stop in stops:
+            if stop in content:
+                content = content[: content.index(stop)]
+        calls = []
+        for call in parsed.get("tool_calls") or []:
+            function = call.get("function") or call
+            arguments = function.get("arguments", {})
+            calls.append({"name": str(function.get("name", "")), "arguments": arguments})
+        return {"content": content, "tool_calls": calls}
+
+    def check(self, prompt_ids: list[int]) -> None:
+        """Refuse a prompt the engine cannot take (one call, not the batch it joins)."""
+        limit = self.max_prompt_tokens
+        if limit is not None and len(prompt_ids) >= limit:
+            raise BadCall(
+                f"the conversation is {len(prompt_ids)} tokens: the engine takes at most "
+                f"{limit - 1} (grpo.vllm_max_model_len)"
+            )
+
     def _generate(self, calls: list[Call], key: tuple[Any, ...]) -> list[dict[str, Any]]:
+        max_new, _, _, stops = key
+        prompts = [c.prompt_ids or [] for c in calls]
+        replies = []
+        for prompt, call, (tokens, logps) in zip(
+            prompts, calls, self._sample(prompts, key), strict=True
+        ):
+            n, reason = self._cut(tokens, stops, max_new)
+            completion = tokens[:n]
+            replies.append(
+                {
+                    "prompt_ids": prompt,
+                    "completion_ids": completion,
+                    "logprobs": [round(float(x), 6) for x in logps[:n]],
+                    "finish_reason": reason,
+                    "message": self._message(prompt, completion, call.tools, stops),
+                    "continued": call.continued,
+                }
+            )
+        return replies
+
+    def _sample(
+        self, prompts: list[list[int]], key: tuple[Any, ...]
+    ) -> list[tuple[list[int], list[float]]]:
+        """Each prompt's sampled tokens (up to ``key``'s limit, perhaps past where the
+        completion ends) and each token's log-probability."""
+        raise NotImplementedError
+
+
+class TransformersEngine(Engine):
+    """Samples with the trainer's model and TRL's generation settings
+    (``grpo.engine: transformers``)."""
+
+    def _sample(
+        self, prompts: list[list[int]], key: tuple[Any, ...]
+    ) -> list[tuple[list[int], list[float]]]:
         from trl.models.utils import unwrap_model_for_generation
 
         max_new, temperature, top_p, stops = key
         trainer = self.trainer
-        prompts = [c.prompt_ids or [] for c in calls]
         width = max(len(p) for p in prompts)
         pad = self.pad if self.pad is not None else next(iter(self.eos))
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
@@ -245,54 +328,59 @@ class TransformersEngine:
         scale = temperature if temperature > 0 else 1.0
         logps = torch.log_softmax(logits / scale, dim=-1)
         chosen = logps.gather(-1, sequences.unsqueeze(-1)).squeeze(-1)
-        replies = []
-        for row, call in enumerate(calls):
-            tokens = sequences[row].tolist()
-            n, reason = self._cut(tokens, stops, max_new)
-            completion = tokens[:n]
-            replies.append(
-                {
-                    "prompt_ids": prompts[row],
-                    "completion_ids": completion,
-                    "logprobs": [round(float(x), 6) for x in chosen[row, :n].tolist()],
-                    "finish_reason": reason,
-                    "message": self._message(prompts[row], completion, call.tools, stops),
-                    "continued": call.continued,
-                }
-            )
-        return replies
+        return list(zip(sequences.tolist(), chosen.tolist(), strict=True))
 
-    def _cut(self, tokens: list[int], stops: tuple[str, ...], max_new: int) -> tuple[int, str]:
-        """Where the completion ends (the EOS kept, as TRL keeps it) and why."""
-        for i, t in enumerate(tokens):
-            if t in self.eos:
-                return i + 1, "stop"
-            if stops:
-                text = self.tokenizer.decode(tokens[: i + 1])
-                if any(s in text for s in stops):
-                    return i + 1, "stop"
-        n = len(tokens)
-        while n and tokens[n - 1] == self.pad and self.pad not in self.eos:
-            n -= 1
-        return n, "length" if n >= max_new else "stop"
 
-    def _message(
-        self, prompt: list[int], completion: list[int], tools: Any, stops: tuple[str, ...]
-    ) -> dict[str, Any]:
-        from trl.chat_template_utils import parse_response
+class VLLMEngine(Engine):
+    """Samples with TRL's vLLM (``grpo.engine: vllm-colocate``, in this process; or
+    ``vllm-server`` without LoRA, TRL's server mode): TRL syncs the policy's weights into it
+    before each batch it hands the rollout function, so every call is answered by the policy
+    as it is. The log-probabilities are vLLM's of the sampled tokens after temperature
+    (TRL's ``processed_logprobs``), the ones TRL's own vLLM rollouts train with."""
 
+    def __init__(self, trainer: Any, max_completion_length: int) -> None:
+        super().__init__(trainer, max_completion_length)
+        generation = trainer.vllm_generation
+        llm = getattr(generation, "llm", None)
+        if llm is not None:  # colocate: the engine's own limit
+            self.max_prompt_tokens = int(llm.llm_engine.model_config.max_model_len)
+        elif trainer.args.vllm_max_model_length:
+            self.max_prompt_tokens = int(trainer.args.vllm_max_model_length)
+
+    def _sample(
+        self, prompts: list[list[int]], key: tuple[Any, ...]
+    ) -> list[tuple[list[int], list[float]]]:
+        max_new, temperature, top_p, stops = key
+        generation = self.trainer.vllm_generation
+        # TRL's generate reads its sampling settings from these attributes, set from the
+        # run's at start; a call's own (a group of calls that share them) stand in for one
+        # generate, then the run's are put back.
+        kept = {
+            name: getattr(generation, name)
+            for name in ("temperature", "top_p", "max_completion_length", "generation_kwargs")
+        }
+        generation.temperature = temperature
+        generation.top_p = top_p
+        generation.max_completion_length = max_new
+        generation.generation_kwargs = {**(kept["generation_kwargs"] or {})}
+        if stops:
+            generation.generation_kwargs["stop"] = list(stops)
         try:
-            parsed = parse_response(self.tokenizer, completion, prefix=prompt, tools=tools)
-        except Exception:  # a completion the schema cannot read: its text, as TRL falls back
-            parsed = {"content": self.tokenizer.decode(completion, skip_special_tokens=True)}
-        content = parsed.get("content")
-        content = content if isinstance(content, str) else _text(content)
-        for stop in stops:
-            if stop in content:
-                content = content[: content.index(stop)]
-        calls = []
-        for call in parsed.get("tool_calls") or []:
-            function = call.get("function") or call
-            arguments = function.get("arguments", {})
-            calls.append({"name": str(function.get("name", "")), "arguments": arguments})
-        return {"content": content, "tool_calls": calls}
+            _, completions, logprobs, _ = generation.generate(prompts, None, 1)
+        finally:
+            for name, value in kept.items():
+                setattr(generation, name, value)
+        return [
+            (
+                [int(t) for t in tokens],
+                [float(lp[0]) if lp and lp[0] is not None else 0.0 for lp in per_token or []],
+            )
+            for tokens, per_token in zip(completions, logprobs or [[]] * len(prompts), strict=True)
+        ]
+
+
+def engine_for(trainer: Any, max_completion_length: int) -> Engine:
+    """The run's engine: vLLM when TRL runs one for the trainer, else transformers."""
+    if getattr(trainer, "use_vllm", False):
+        return VLLMEngine(trainer, max_completion_length)
+    return TransformersEngine(trainer, max_completion_length)

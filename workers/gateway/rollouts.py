@@ -37,7 +37,7 @@ from app.observability import prometheus
 from app.runs.spec.environments import GatewayEnvironment
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
-from workers.gateway.engine import BadCall, Call, TransformersEngine, template_messages
+from workers.gateway.engine import BadCall, Call, Engine, engine_for, template_messages
 from workers.gateway.push import Pusher
 
 log = logging.getLogger(__name__)
@@ -99,7 +99,7 @@ class GatewayRollouts:
         self.redis = redis.Redis.from_url(redis_py_url(redis_url(ctx.settings)))
         self.inbox = wire.inbox(prefix, spec.id)
         self.available = wire.available(prefix, spec.id)
-        self.engine: TransformersEngine | None = None
+        self.engine: Engine | None = None
         self.pusher: Pusher | None = None
         if self.env.push:  # the worker hands each episode to the run's harness
             url = self.env.harness_url
@@ -124,7 +124,7 @@ class GatewayRollouts:
     # -- TRL's hook ------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if self.engine is None:
-            self.engine = TransformersEngine(trainer, self.spec.grpo.max_completion_length)
+            self.engine = engine_for(trainer, self.spec.grpo.max_completion_length)
         rows = trainer.gateway_inputs
         phase = "train" if trainer.model.training else "eval"
         version = int(trainer.state.global_step)
@@ -259,11 +259,10 @@ class GatewayRollouts:
                     tools=canonical_tools(request.get("tools") or None),
                 )
                 self._prompt(call, int(ask.get("issue", 0)))
-            except BadCall as exc:
+            except BadCall as exc:  # that call's 400 (the API matches replies by call_id)
+                refused = {"ok": False, "status": 400, "message": str(exc)}
                 self._reply(
-                    pipe,
-                    str(ask.get("reply_to")),
-                    {"ok": False, "status": 400, "message": str(exc)},
+                    pipe, str(ask.get("reply_to")), {"call_id": ask.get("call_id"), **refused}
                 )
                 continue
             except (KeyError, TypeError, ValueError) as exc:
@@ -306,8 +305,9 @@ class GatewayRollouts:
             ):
                 call.prompt_ids = ids + self.engine.continuation(new, call.tools)
                 call.continued = True
-                return
-        call.prompt_ids = self.engine.render(call.messages, call.tools)
+        if not call.continued:
+            call.prompt_ids = self.engine.render(call.messages, call.tools)
+        self.engine.check(call.prompt_ids)
 
     def _remember(self, call: Call, reply: dict[str, Any]) -> None:
         """The episode's history after this call: its messages with the answer, and the

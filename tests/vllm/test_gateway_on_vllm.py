@@ -1,0 +1,75 @@
+"""A gateway run on vLLM in the training process (``grpo.engine: vllm-colocate``): the harness's
+calls are sampled by vLLM with the weights TRL synced after the last optimizer step, and what
+trains is exactly what vLLM sampled."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import trainyard
+
+from tests.gateway.test_gateway_run import gateway_run, two_turns
+from tests.support.runs import series
+from tests.support.workers import VLLM_PYTHON
+
+
+async def test_a_gateway_run_on_vllm_colocate_learns_from_what_vllm_sampled(
+    tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"vLLM is not installed ({VLLM_PYTHON}); `make test-vllm` installs it")
+    start_worker(python=str(VLLM_PYTHON), **worker_home)
+    body = gateway_run(
+        tiny_model,
+        max_steps=40,
+        rollouts_per_group=8,
+        grpo={
+            "engine": "vllm-colocate",
+            "vllm_gpu_memory_utilization": 0.15,
+            "vllm_max_model_len": 512,
+        },
+    )
+    refused: list[str] = []
+
+    async def rollout(episode: trainyard.Episode) -> float:
+        if not refused:  # once: a conversation longer than vLLM takes is that call's 400
+            refused.append("")
+            try:
+                await episode.openai_client().chat.completions.create(
+                    model="policy", messages=[{"role": "user", "content": "a " * 600}]
+                )
+            except openai.BadRequestError as exc:
+                refused[0] = str(exc)
+        return await two_turns(episode)
+
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        await asyncio.wait_for(run.play(rollout, concurrency=16), 900)
+        await run.refresh()
+    assert run.status == "completed", run.data.get("error")
+    assert "the engine takes at most 511" in refused[0], refused
+
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        page = (await http.get(f"/runs/{run.id}/episodes", params={"step": 40, "limit": 1})).json()
+        detail = (
+            await http.get(f"/episodes/{page['data'][0]['id']}", params={"tokens": "true"})
+        ).json()
+        trajectories = (await http.get(f"/runs/{run.id}/trajectories", params={"limit": 1})).json()
+    # The last step's calls: answered by the policy after 39 optimizer steps, the second
+    # continuing the first token for token, with vLLM's log-probabilities.
+    first, second = detail["call_log"][-2:]
+    assert first["policy_version"] == second["policy_version"] == 39
+    sampled = first["prompt_ids"] + first["completion_ids"]
+    assert second["prompt_ids"][: len(sampled)] == sampled
+    assert all(lp <= 0 for lp in first["logprobs"]) and len(first["logprobs"]) == len(
+        first["completion_ids"]
+    )
+    assert trajectories["data"][0]["metadata"]["engine"] == "vllm-colocate"
+    # Only synced weights learn: vLLM samples every call, so a stale engine would not.
+    rewards: list[Any] = [v for _, v in await series(sessionmaker, run.id, "reward_mean")]
+    assert len(rewards) == 40
+    assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.2, rewards
