@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import itertools
 import json
+import os
 import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -20,6 +23,7 @@ from openai import OpenAI
 from sqlalchemy import text
 
 from tests.gateway.test_gateway_run import gateway_run
+from tests.support import ROOT
 from tests.support.runs import wait_for
 
 pytestmark = pytest.mark.gateway
@@ -63,7 +67,9 @@ async def test_the_openai_npm_package_plays_a_run(
     assert done.status == "completed", done.error
 
 
-AGENT_GATEWAY = Path(__file__).parents[2] / "configs" / "runs" / "agent-gateway.yaml"
+AGENT_GATEWAY = ROOT / "configs" / "runs" / "agent-gateway.yaml"
+EXAMPLES = ROOT / "examples" / "gateway"
+SDK = ROOT / "sdk" / "python"
 
 
 def tool_round(episode: trainyard.Episode, tools: list[dict[str, Any]]) -> dict[str, Any]:
@@ -168,6 +174,90 @@ async def test_the_responses_api_plays_tool_calls_token_exact(
             sampled = first["prompt_ids"] + first["completion_ids"]
             assert second["prompt_ids"][: len(sampled)] == sampled, episode["id"]
             assert second["request"]["messages"][-1]["role"] in {"tool", "user"}
+
+
+AGENTS = Path(__file__).parent / "agents"
+
+
+def _agents_python() -> Path:
+    """A venv of the harness's own with the OpenAI Agents SDK and the Trainyard SDK, as a
+    user installs them (the Agents SDK's dependencies are not the server's)."""
+    venv = AGENTS / ".venv"
+    stamp = venv / ".installed"
+    requirements = AGENTS / "requirements.txt"
+    if not stamp.exists() or requirements.stat().st_mtime > stamp.stat().st_mtime:
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)], check=True)
+        subprocess.run(
+            [venv / "bin" / "python", "-m", "pip", "install", "-q", "-r", requirements, SDK],
+            check=True,
+        )
+        stamp.touch()
+    return venv / "bin" / "python"
+
+
+async def test_an_openai_agents_sdk_agent_trains_through_the_responses_api(
+    tenant, sessionmaker, start_worker, tool_model, worker_home, api_server
+) -> None:
+    """examples/gateway/agents_calculator.py: an unmodified Agents SDK agent, its model the
+    episode's endpoint (OpenAIResponsesModel), plays every episode of a gateway run through
+    the Responses API. (Against the SDK's own tool schemas, twice as long as the preset's, the
+    tiny model rarely writes a well-formed call; a tool round through the Responses API is
+    test_the_responses_api_plays_tool_calls_token_exact's. Any round here must continue the
+    engine's tokens too.)"""
+    from app.core.config_files import load_preset
+
+    python = await asyncio.to_thread(_agents_python)
+    example = EXAMPLES / "agents_calculator.py"
+    env = {**os.environ, "PYTHONPATH": str(SDK / "src")}  # the SDK as it is in this tree
+    printed = await asyncio.to_thread(
+        subprocess.run,
+        [python, example, "--print-tools"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    body = {**load_preset(AGENT_GATEWAY), "model_name": str(tool_model), "max_steps": 2}
+    body["grpo"] = {**body["grpo"], "groups_per_step": 1}
+    body["environment"] = {**body["environment"], "tools": json.loads(printed.stdout)}
+    start_worker(**worker_home)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+    harness = await asyncio.create_subprocess_exec(
+        python,
+        example,
+        *("--url", api_server.url, "--key", tenant.key, "--run", run.id, "--concurrency", "8"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await asyncio.wait_for(harness.communicate(), 300)
+    assert harness.returncode == 0, out.decode()[-3000:]
+    done = await wait_for(sessionmaker, run.id, lambda r: r.status in {"completed", "failed"}, 60)
+    assert done.status == "completed", done.error
+    async with sessionmaker() as s:
+        episodes = (
+            await s.execute(
+                text(
+                    "SELECT e.id, e.status, count(c.id) AS calls FROM episodes e "
+                    "LEFT JOIN episode_calls c ON c.episode_id = e.id "
+                    "WHERE e.run_id = :r GROUP BY e.id"
+                ),
+                {"r": uuid.UUID(run.id)},
+            )
+        ).all()
+    assert sorted(e.status for e in episodes) == ["finished"] * 16, out.decode()[-3000:]
+    assert api_server.log.read_text().count("/v1/responses") >= 16  # the SDK's default API
+    rounds = [e for e in episodes if e.calls >= 2]  # a tool called, its result sent back
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        for episode in rounds:
+            calls = (await http.get(f"/episodes/{episode.id}", params={"tokens": "true"})).json()[
+                "call_log"
+            ]
+            for before, after in itertools.pairwise(calls):
+                sampled = before["prompt_ids"] + before["completion_ids"]
+                assert after["prompt_ids"][: len(sampled)] == sampled, episode.id
+                assert after["request"]["messages"][-1]["role"] == "tool"
 
 
 class PushHarness(http.server.ThreadingHTTPServer):
