@@ -212,7 +212,15 @@ def test_killed_embedded_postgres_and_redis_come_back_and_the_runs_finish_by_the
     """`up` keeps what it started running, the embedded servers too: `kill -9` of the
     postmaster mid-run, then of Redis mid-run, and each run completes with every rollout
     once, nobody touching anything."""
-    env = user_env(folder / "user", TRAINYARD_PIPELINE=TICKING, TRAINYARD_HEARTBEAT_SECONDS="0.5")
+    # A worker that lost the database mid-step cannot release its lease: the run is taken
+    # again once the lease runs out (3 s here, 30 by default) and a sweep finds it.
+    env = user_env(
+        folder / "user",
+        TRAINYARD_PIPELINE=TICKING,
+        TRAINYARD_HEARTBEAT_SECONDS="0.5",
+        TRAINYARD_LEASE_TTL_SECONDS="3",
+        TRAINYARD_REAPER_INTERVAL_SECONDS="0.5",
+    )
     up = Up(folder, env, folder / "up.log")
     steps, groups, rollouts = 8, 2, 2
     preset = folder / "run.yaml"
