@@ -1,5 +1,6 @@
-"""The import structure, as the code is read: every module imports alone in a fresh
-interpreter (no module works only because another was imported first), no module imports
+"""The import structure, as the code is read: every module imports alone (in a child of an
+interpreter that has loaded only third-party code: no module works only because another of
+ours was imported first), no module imports
 itself back through others (a circle held apart by imports inside functions still counts:
 grimp reads those too), and the API's package imports nothing from the workers'."""
 
