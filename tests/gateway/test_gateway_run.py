@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 import trainyard
 
 from app.gateway.samples import StoredCall, stitch
@@ -47,8 +48,10 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
     tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server
 ) -> None:
     start_worker(**worker_home)
+    body = gateway_run(tiny_model, grpo={"eval_steps": 3, "save_steps": 3})
+    body["inputs"].append({"input_text": "Whisper.", "split": "validation"})
     async with trainyard.Client(api_server.url, tenant.key) as ty:
-        run = await ty.create_run(gateway_run(tiny_model))
+        run = await ty.create_run(body)
         assert run.data["reward"]["functions"][0]["name"] == "environment"
         await asyncio.wait_for(run.play(two_turns, concurrency=8), 300)
         await run.refresh()
@@ -57,12 +60,22 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
     # Every rollout stored once, each an episode the harness finished.
     assert await trajectory_keys(sessionmaker, run.id) == letter_rows(3, groups=2, rollouts=4)
     async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
-        listed = (await http.get(f"/runs/{run.id}/episodes", params={"limit": 50})).json()
-        episodes = listed["data"]
+        listed = (await http.get(f"/runs/{run.id}/episodes", params={"limit": 100})).json()
+        episodes = [e for e in listed["data"] if e["phase"] == "train"]
         assert len(episodes) == 24 and {e["status"] for e in episodes} == {"finished"}
         detail = (
             await http.get(f"/episodes/{episodes[5]['id']}", params={"tokens": "true"})
         ).json()
+    # The evaluations (of the base model, and after step 3) are episodes the harness played
+    # too: the validation input's rollouts, their mean reward the run's eval reward.
+    evaluations = [e for e in listed["data"] if e["phase"] == "eval"]
+    assert {e["status"] for e in evaluations} == {"finished"}, evaluations
+    assert sorted({e["step"] for e in evaluations}) == [0, 3]
+    eval_reward = dict(await series(sessionmaker, run.id, "eval_reward"))
+    assert sorted(eval_reward) == [0, 3]
+    for step, value in eval_reward.items():
+        rewards = [e["reward"] for e in evaluations if e["step"] == step]
+        assert value == pytest.approx(sum(rewards) / len(rewards)), (step, rewards)
 
     # Two calls, the second continuing the first token for token: prompt ids extend the
     # first prompt and completion, so the episode trains as one sequence.
