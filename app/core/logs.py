@@ -10,23 +10,20 @@ to pass the ids around and a line logged deep inside a service still says which 
 The API's access log is :class:`RequestLog`, a pure ASGI middleware: it gives each request an
 id (the caller's ``X-Request-ID`` when it is sane, else a new one), echoes it on the response
 and logs one ``trainyard.access`` line per request. Uvicorn's own access log stays off. The
-line is written off the request path: the request only queues its record (the log context
-captured on it), and a thread of :class:`QueuedAccessHandler` formats and writes what has
-queued, a batch per write.
+line is formatted and written by the request, through the standard library's
+``StreamHandler``: a thread that formatted and wrote queued lines in batches cost an API
+process more CPU per request than the lines themselves (docs/benchmarks.md, "The request
+path against 224089f").
 """
 
 from __future__ import annotations
 
-import atexit
 import json as jsonlib
 import logging
 import logging.config
-import logging.handlers
 import os
-import queue
 import re
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Iterator
@@ -55,7 +52,6 @@ _context: ContextVar[dict[str, str] | None] = ContextVar("trainyard_log_context"
 _RECORD_ATTRIBUTES = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys()
     | {"message", "asctime", "color_message"}  # uvicorn's coloured copy of the message
-    | {"log_context"}  # the context a record carries when it is formatted elsewhere
 )
 
 
@@ -97,9 +93,7 @@ class LogFormatter(logging.Formatter):
         self.as_json = as_json
 
     def format(self, record: logging.LogRecord) -> str:
-        context = getattr(record, "log_context", None)
-        if context is None:
-            context = current_log_context()
+        context = current_log_context()
         if not self.as_json:  # for a person: the ids, not every extra field
             text = super().format(record)
             if context:
@@ -162,8 +156,9 @@ def logging_config(level: int | str = "INFO", *, json: bool | None = None) -> di
                 "formatter": "trainyard",
             },
             "access": {
-                "()": f"{__name__}.QueuedAccessHandler",
-                "as_json": wants_json() if json is None else json,
+                "class": "logging.StreamHandler",
+                "stream": "ext://sys.stderr",
+                "formatter": "trainyard",
             },
         },
         "root": {"handlers": ["stderr"], "level": level},
@@ -174,69 +169,6 @@ def logging_config(level: int | str = "INFO", *, json: bool | None = None) -> di
             "uvicorn.error": {"handlers": [], "propagate": True},
         },
     }
-
-
-class QueuedAccessHandler(logging.handlers.QueueHandler):
-    """The access log, written off the request path: :meth:`emit` only queues the record;
-    a thread formats what has queued and writes it to stderr, a batch per write. What is
-    still queued when the process exits is written by an ``atexit`` hook; a SIGKILL loses
-    the lines of the last moments (never anything stored)."""
-
-    BATCH = 512
-    # After the first line of a batch the thread waits this long for more: woken per line,
-    # its handoffs of the interpreter lock had cost a GET 10% of the API's throughput.
-    LINGER = 0.05
-
-    def __init__(self, as_json: bool = True) -> None:
-        super().__init__(queue.SimpleQueue())
-        self.setFormatter(LogFormatter(as_json=as_json))
-        self._thread = threading.Thread(
-            target=self._write, name="trainyard-access-log", daemon=True
-        )
-        self._thread.start()
-        atexit.register(self.close)
-
-    def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        # Formatted by the writer thread; the context is the request's (RequestLog puts it
-        # on the record; a record logged elsewhere gets it here, in its own task).
-        if not hasattr(record, "log_context"):
-            record.log_context = current_log_context()
-        return record
-
-    def _write(self) -> None:
-        pending = self.queue
-        assert isinstance(pending, queue.SimpleQueue)
-        while True:
-            batch = [pending.get()]
-            time.sleep(self.LINGER)
-            while len(batch) < self.BATCH:
-                try:
-                    batch.append(pending.get_nowait())
-                except queue.Empty:
-                    break
-            done = None in batch
-            lines = []
-            for record in batch:
-                if record is None:
-                    continue
-                try:
-                    lines.append(self.format(record) + "\n")
-                except Exception:  # a bad record loses its own line, not the writer
-                    self.handleError(record)
-            if lines:
-                try:
-                    sys.stderr.write("".join(lines))
-                    sys.stderr.flush()
-                except (OSError, ValueError):  # stderr closed or gone: nowhere to write
-                    pass
-            if done:
-                return
-
-    def close(self) -> None:
-        if self._thread.is_alive():
-            self.queue.put_nowait(None)
-            self._thread.join(timeout=5)
-        super().close()
 
 
 def configure_logging(level: int | str = "INFO", *, json: bool | None = None) -> None:
@@ -311,8 +243,7 @@ class RequestLog:
                     self._access(scope["method"], route, status, elapsed * 1000)
 
     def _access(self, method: str, route: str, status: int, ms: float) -> None:
-        # The record made directly (Logger.info would also look up its caller's frame), with
-        # the request's context on it: the line is formatted by the handler's thread.
+        # The record made directly: Logger.info would also look up its caller's frame.
         record = self.log.makeRecord(
             ACCESS_LOGGER,
             logging.INFO,
@@ -326,7 +257,6 @@ class RequestLog:
                 "route": route,
                 "status": status,
                 "duration_ms": round(ms, 2),
-                "log_context": current_log_context(),
             },
         )
         self.log.handle(record)

@@ -11,7 +11,7 @@ import asyncpg
 from sqlalchemy import text
 
 from app.core.pg import connect_kwargs
-from app.events.fanout import EventHub
+from app.events.fanout import CHANNEL, EventHub
 from app.events.sse import KEEP_ALIVE, TOO_FAR_BEHIND
 from tests.support.events import (
     all_received,
@@ -170,3 +170,25 @@ async def test_an_idle_stream_gets_a_keep_alive_each_period(
         assert loop.time() - after_event >= keepalive * 0.95
     finally:
         await hub.close()
+
+
+async def test_a_runs_creation_notifies_no_stream_its_next_event_does(
+    client: Any, tenant: Any, sessionmaker: Any, service_urls: tuple[str, str]
+) -> None:
+    """Nobody can follow a run before the statement creating it commits, so its `created`
+    event wakes no API process (migration 0015); every later event notifies as before."""
+    listener = await asyncpg.connect(**connect_kwargs(service_urls[0]))
+    notified: asyncio.Queue[str] = asyncio.Queue()
+    try:
+        await listener.add_listener(CHANNEL, lambda *args: notified.put_nowait(args[-1]))
+        run_id = await new_run(client, tenant)
+        ids = await append_events(sessionmaker, run_id, 2)
+        # Notifications arrive in commit order: the first one this run sent is the append's.
+        while True:
+            payload = await asyncio.wait_for(notified.get(), 10)
+            if payload.startswith(f"{run_id}:"):
+                break
+    finally:
+        await listener.close()
+    assert payload == f"{run_id}:{ids[0]}:{ids[1]}"
+    assert await event_ids(sessionmaker, run_id) == [ids[0] - 1, *ids]  # `created` is stored
