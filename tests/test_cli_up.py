@@ -205,6 +205,7 @@ def _rows(base: str, key: str, run_id: str) -> list[tuple[int, int, int]]:
         params["after"] = body["next_cursor"]
 
 
+@pytest.mark.chaos  # a process killed: the chaos tier (make test-chaos)
 @pytest.mark.slow
 def test_killed_embedded_postgres_and_redis_come_back_and_the_runs_finish_by_themselves(
     folder: Path,

@@ -12,6 +12,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from app.trajectories.models import Trajectory
@@ -97,6 +98,7 @@ async def _kill_the_server(worker_pid: int) -> int:
     raise AssertionError("the worker runs no MCP server")
 
 
+@pytest.mark.chaos  # a process killed: the chaos tier (make test-chaos)
 async def test_an_mcp_server_killed_mid_run_is_restarted_once_then_its_episodes_fail(
     client, tenant, sessionmaker, start_worker, tool_model, worker_home
 ) -> None:
@@ -147,6 +149,7 @@ async def test_an_mcp_server_killed_mid_run_is_restarted_once_then_its_episodes_
     assert all(t.reward_breakdown.get("episode_error") for t in failed)
 
 
+@pytest.mark.chaos  # a process killed: the chaos tier (make test-chaos)
 async def test_a_worker_killed_mid_warm_up_and_mid_episode_resumes_each_once(
     client, tenant, sessionmaker, own_database, start_worker, tool_model, worker_home, tmp_path
 ) -> None:

@@ -9,6 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
 from sqlalchemy import select
 
 from app.checkpoints.models import Checkpoint
@@ -67,6 +68,7 @@ async def test_sigterm_hands_the_run_over_at_a_checkpoint_without_using_an_attem
     )
 
 
+@pytest.mark.chaos  # a process killed: the chaos tier (make test-chaos)
 async def test_two_workers_on_shared_artifacts_the_survivor_resumes_a_killed_run(
     client: Any,
     tenant: Any,

@@ -142,6 +142,7 @@ async def test_lora_run_saves_an_adapter(
     assert not (Path(final.path) / "model.safetensors").exists()
 
 
+@pytest.mark.chaos  # a process killed: the chaos tier (make test-chaos)
 async def test_worker_killed_in_training_is_replaced_and_resumes_from_its_checkpoint(
     client, tenant, sessionmaker, start_worker, tiny_model, worker_home
 ) -> None:

@@ -219,6 +219,7 @@ async def test_teacher_run_completes_with_every_field_and_metric_stored_and_serv
     )
 
 
+@pytest.mark.chaos  # a process killed: the chaos tier (make test-chaos)
 async def test_teacher_run_killed_mid_step_resumes_with_one_row_per_rollout(
     client, tenant, sessionmaker, start_worker, tiny_model, student_model, worker_home
 ) -> None:
