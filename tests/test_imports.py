@@ -10,7 +10,7 @@ import ast
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import grimp
@@ -126,30 +126,35 @@ def _third_party(graph: grimp.ImportGraph, modules: list[str]) -> list[str]:
     return sorted(names)
 
 
+def _import_alone(
+    cwd: Path, own: Sequence[str], preload: list[str], modules: list[str]
+) -> dict[str, str]:
+    """tests/support/import_alone.py run from ``cwd``: each failed module's traceback."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "support" / "import_alone.py"),
+            *("--own", *own),
+            *("--preload", *preload),
+            *("--modules", *modules),
+        ],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    failed: dict[str, str] = json.loads(done.stdout)
+    return failed
+
+
 def test_every_module_imports_alone_in_a_fresh_interpreter() -> None:
     """Each module in a child of an interpreter that has loaded only third-party code
     (tests/support/import_alone.py): nothing of ours is imported before it."""
     graph = grimp.build_graph(*PACKAGES, include_external_packages=True, cache_dir=None)
     modules = sorted(m for m in graph.modules if m.split(".")[0] in PACKAGES)
     assert len(modules) > 100, modules
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "support" / "import_alone.py"),
-            "--own",
-            *PACKAGES,
-            "--preload",
-            *_third_party(graph, modules),
-            "--modules",
-            *modules,
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    failed = json.loads(done.stdout)
+    failed = _import_alone(ROOT, PACKAGES, _third_party(graph, modules), modules)
     assert not failed, "\n\n".join(f"{m}:\n{err}" for m, err in failed.items())
 
 
@@ -160,23 +165,5 @@ def test_a_module_that_needs_another_imported_first_fails_alone(tmp_path: Path) 
     (package / "__init__.py").write_text("")
     (package / "first.py").write_text("VALUE = 1\n")
     (package / "second.py").write_text("import sys\nVALUE = sys.modules['app.first'].VALUE\n")
-    done = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "tests" / "support" / "import_alone.py"),
-            "--own",
-            "app",
-            "--preload",
-            "json",
-            "--modules",
-            "app.first",
-            "app.second",
-        ],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    failed = json.loads(done.stdout)
+    failed = _import_alone(tmp_path, ("app",), ["json"], ["app.first", "app.second"])
     assert list(failed) == ["app.second"] and "KeyError: 'app.first'" in failed["app.second"]
