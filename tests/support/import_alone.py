@@ -12,6 +12,7 @@ each; a fresh interpreter per module took two minutes of the suite).
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import json
 import os
@@ -66,19 +67,15 @@ def _finish(pid: int, read: int) -> str | None:
 
 def main(argv: list[str]) -> int:
     sys.path[0] = os.getcwd()  # as ``python -c`` in the repository would have it
-    preload: list[str] = []
-    own: list[str] = []
-    modules: list[str] = []
-    target = modules
-    for arg in argv:
-        if arg in ("--preload", "--own", "--modules"):
-            target = {"--preload": preload, "--own": own, "--modules": modules}[arg]
-        else:
-            target.append(arg)
-    _preload(preload, tuple(own))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--own", nargs="*", default=[], help="the project's top-level packages")
+    parser.add_argument("--preload", nargs="*", default=[])
+    parser.add_argument("--modules", nargs="*", default=[])
+    args = parser.parse_args(argv)
+    _preload(args.preload, tuple(args.own))
     failed: dict[str, str] = {}
     running: list[tuple[str, int, int]] = []
-    for module in modules:
+    for module in args.modules:
         running.append((module, *_start(module)))
         if len(running) >= CONCURRENCY:
             name, pid, read = running.pop(0)
