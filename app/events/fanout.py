@@ -1,7 +1,7 @@
 """Live run events for every stream of one API process from one LISTEN.
 
-A statement that appends run events notifies ``trainyard_run_events`` (migration 0010) with
-the run and its first new id, after commit. The process listens on one connection of its
+Each run event but a run's ``created`` notifies ``trainyard_run_events`` (migration 0016)
+with its run and id, after commit. The process listens on one connection of its
 own; for a run that has subscribers it reads the new events once, renders each Server-Sent
 Event once (framed as app/events/sse.py says), and hands the same bytes to every subscriber.
 An idle stream costs nothing: no query runs until something happens to its run.
@@ -48,7 +48,8 @@ from app.events.sse import KEEP_ALIVE, TOO_FAR_BEHIND, end
 
 log = logging.getLogger(__name__)
 
-#: What migration 0010's trigger notifies: ``<run id>:<first new event id>:<last new id>``.
+#: What migration 0016's trigger notifies per event: ``<run id>:<event id>:<event id>`` (the
+#: first and last new ids of 0010's statement-level trigger, kept as one shape).
 CHANNEL = "trainyard_run_events"
 
 

@@ -176,20 +176,22 @@ async def test_a_runs_creation_notifies_no_stream_its_next_event_does(
     client: Any, tenant: Any, sessionmaker: Any, service_urls: tuple[str, str]
 ) -> None:
     """Nobody can follow a run before the statement creating it commits, so its `created`
-    event wakes no API process (migration 0015); every later event notifies as before."""
+    event wakes no API process (migrations 0015, 0016); every later event notifies, one
+    notification per event naming its id (0016)."""
     listener = await asyncpg.connect(**connect_kwargs(service_urls[0]))
     notified: asyncio.Queue[str] = asyncio.Queue()
+    payloads: list[str] = []
     try:
         await listener.add_listener(CHANNEL, lambda *args: notified.put_nowait(args[-1]))
         run_id = await new_run(client, tenant)
         ids = await append_events(sessionmaker, run_id, 2)
-        # Notifications arrive in commit order: the first one this run sent is the append's.
-        while True:
+        # Notifications arrive in commit order: the first ones this run sent are the append's.
+        while len(payloads) < len(ids):
             payload = await asyncio.wait_for(notified.get(), 10)
             if payload.startswith(f"{run_id}:"):
-                break
+                payloads.append(payload)
     finally:
         await listener.close()
-    assert payload == f"{run_id}:{ids[0]}:{ids[1]}"
+    assert payloads == [f"{run_id}:{i}:{i}" for i in ids]
     created, *appended = await event_ids(sessionmaker, run_id)
     assert created < ids[0] and appended == ids  # `created` is stored, only unannounced
