@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from redis.asyncio.retry import Retry
@@ -11,8 +11,10 @@ from redis.backoff import NoBackoff
 from sqlalchemy import text
 
 from app.core.embedded import redis_py_url
+from app.core.query import known_query_parameters
 
-router = APIRouter(tags=["health"])
+# No key here: the unknown-query check the keyed routes get from their key (app/core/query.py).
+router = APIRouter(tags=["health"], dependencies=[Depends(known_query_parameters)])
 
 # Each dependency must answer within this; a probe that hangs is an answer too.
 READY_TIMEOUT = 2.0

@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from importlib.metadata import PackageNotFoundError, version
 
-from fastapi import Depends, FastAPI
+from fastapi import FastAPI
 
 from app.auth.router import router as auth_router
 from app.auth.service import KeyCache
@@ -21,7 +21,6 @@ from app.core.limits import BodySizeLimit
 from app.core.logs import RequestLog
 from app.core.openapi import install_openapi
 from app.core.pg import create_pool
-from app.core.query import known_query_parameters
 from app.core.ratelimit import RateLimiter, RateLimitHeaders
 from app.core.services import database_url, redis_url
 from app.core.settings import Settings, get_settings
@@ -120,7 +119,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=VERSION,
         summary="Run and track reinforcement-learning fine-tuning of LLM agents.",
         lifespan=lifespan,
-        dependencies=[Depends(known_query_parameters)],  # a typo in a filter is a 422
     )
     install_error_handlers(app)
     # Routes are matched in the order they are included (each router's, one after another):

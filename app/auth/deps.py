@@ -11,6 +11,7 @@ from app.auth.roles import Role
 from app.auth.service import Principal, authenticate
 from app.core.errors import TYPE_BASE, Problem
 from app.core.logs import bind_log_context
+from app.core.query import check_query_parameters
 from app.core.ratelimit import STATE_KEY, Decision, RateLimiter
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ty_…`")
@@ -59,17 +60,34 @@ async def count_request(
             request_state[STATE_KEY] = decision
 
 
-# Every keyed request comes through both: the routes' dependency below, and the 304s answered
-# before routing (app/events/conditional.py).
+_PRINCIPAL = "trainyard.principal"  # the request's principal, in its state
+
+
+# Every keyed request comes through both: the routes' dependencies below, and the 304s
+# answered before routing (app/events/conditional.py).
+async def _principal(
+    request: Request, credentials: HTTPAuthorizationCredentials | None
+) -> Principal:
+    """The request's principal, authenticated and counted against its key's rate limit once
+    however many of the dependencies below a route names (kept in the request's state)."""
+    state = request.scope.setdefault("state", {})
+    principal: Principal | None = state.get(_PRINCIPAL)
+    if principal is not None:
+        return principal
+    check_query_parameters(request)  # first, as an application dependency would be
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise unauthorized("Send an API key as 'Authorization: Bearer <key>'.")
+    principal = await principal_of(request.app.state, credentials.credentials)
+    await count_request(request.app.state, state, principal)
+    state[_PRINCIPAL] = principal
+    return principal
+
+
 async def current_principal(
     request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise unauthorized("Send an API key as 'Authorization: Bearer <key>'.")
-    principal = await principal_of(request.app.state, credentials.credentials)
-    await count_request(request.app.state, request.scope.setdefault("state", {}), principal)
-    return principal
+    return await _principal(request, credentials)
 
 
 Caller = Annotated[Principal, Depends(current_principal)]
@@ -84,12 +102,16 @@ def require(role: Role) -> Callable[..., Awaitable[Principal]]:
     Put it in a route's signature like ``Caller`` (``caller: Member``), and add 403 to the
     route's ``problem_responses``. FastAPI solves dependencies before it validates the path,
     query and body parameters, so a key without the role gets this 403, not a 422 about a
-    body it may not send (tests/auth/test_roles.py pins the order); the principal is the
-    request's one ``current_principal`` (FastAPI caches it), so the request counts once
-    against the key's rate limit.
+    body it may not send (tests/auth/test_roles.py pins the order). It authenticates the
+    caller itself rather than through ``Caller``: each dependency FastAPI solves costs every
+    request a few microseconds of bookkeeping, and a create is on the hot path.
     """
 
-    async def needs_role(caller: Caller) -> Principal:
+    async def needs_role(
+        request: Request,
+        credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    ) -> Principal:
+        caller = await _principal(request, credentials)
         if not caller.role.allows(role):
             raise Problem(
                 403,

@@ -2,9 +2,15 @@
 
 A typo in a filter must not widen it: ``GET /trajectories/count?run_ids=…`` (the parameter is
 ``run_id``) would otherwise count the whole project. Starlette hands every query parameter to
-the route and FastAPI reads the ones it declares, silently ignoring the rest; this
-dependency, installed on the application, compares the request's names with the ones the
-matched route declares (its own and its dependencies', by alias), computed once per route.
+the route and FastAPI reads the ones it declares, silently ignoring the rest;
+:func:`check_query_parameters` compares the request's names with the ones the matched route
+declares (its own and its dependencies', by alias), computed once per route.
+
+It runs first in the dependency that admits each request: the API key's (app/auth/deps.py),
+the episode token's (app/gateway/router.py), and :func:`known_query_parameters` on the one
+router that needs neither (app/health.py). Not as a dependency of the application: FastAPI
+spends some 15–25 µs per request on every dependency it solves, and every request would
+solve this one besides its key's. tests/api/test_query_parameters.py walks every operation.
 
 Routes outside ``/openapi.json`` keep their own rules: the dashboard's pages, and the
 gateway's OpenAI routes, which answer as OpenAI's API does (it ignores unknown parameters,
@@ -42,7 +48,7 @@ def _names(route: APIRoute) -> frozenset[str] | None:
     return frozenset(names)
 
 
-async def known_query_parameters(request: Request) -> None:
+def check_query_parameters(request: Request) -> None:
     """422 for any query parameter the matched operation does not declare."""
     if not request.scope.get("query_string"):
         return
@@ -70,3 +76,8 @@ async def known_query_parameters(request: Request) -> None:
             for name in unknown
         ]
     )
+
+
+async def known_query_parameters(request: Request) -> None:
+    """The check as a dependency, for a router whose routes admit requests without a key."""
+    check_query_parameters(request)

@@ -15,6 +15,7 @@ from app.auth.deps import Caller, Member, unauthorized
 from app.core.columns import INT32_MAX
 from app.core.errors import problem_responses
 from app.core.pagination import Paging, decode_cursor, make_page
+from app.core.query import check_query_parameters
 from app.gateway import service, tokens
 from app.gateway.hub import GatewayHub
 from app.gateway.models import EpisodeStatus
@@ -41,11 +42,14 @@ _episode_bearer = HTTPBearer(
 )
 
 
-def episode_token(
+async def episode_token(
     episode_id: uuid.UUID,
+    request: Request,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_episode_bearer)],
 ) -> str:
-    """The hash of the request's episode token, if it names this episode; else 401/404."""
+    """The hash of the request's episode token, if it names this episode; else 401/404.
+    (``async``: a plain ``def`` would run on the thread pool, for every finish.)"""
+    check_query_parameters(request)  # first, as for a key (app/core/query.py)
     if credentials is None:
         raise unauthorized("Send the episode's token as 'Authorization: Bearer tye_…'.")
     parsed = tokens.parse(credentials.credentials)

@@ -209,7 +209,7 @@ class GrpoSettings(RequestModel):
         default=True, description="Whether a higher metric_for_best_model is better."
     )
     eval_metrics: list[EvalMetric] = Field(
-        default=[],
+        default_factory=list,  # a default [] is deep-copied for every run body
         max_length=16,
         description="Extra evaluation metrics: functions called as reward functions are, on "
         "every validation rollout, averaged at each evaluation and recorded as "
@@ -225,7 +225,7 @@ class GrpoSettings(RequestModel):
     )
     # Experiment trackers (docs/trackers.md)
     report_to: list[Literal["wandb", "tensorboard"]] = Field(
-        default=[],
+        default_factory=list,  # a default [] is deep-copied for every run body
         max_length=2,
         json_schema_extra={"uniqueItems": True},
         description="Also log the training metrics to these trackers: 'tensorboard' (event "
