@@ -138,6 +138,7 @@ class EventHub:
         self._runs: dict[uuid.UUID, _Run] = {}
         self._known: OrderedDict[uuid.UUID, _Known] = OrderedDict()
         self._epoch = 0  # bumped on every (re)connect: what was known before may be stale
+        self._backend_pid: int | None = None
         self._listening = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -163,6 +164,12 @@ class EventHub:
         """Returns once the hub listens (at once, unless its connection is being remade)."""
         await self._listening.wait()
 
+    @property
+    def backend_pid(self) -> int | None:
+        """The PostgreSQL backend of the LISTEN connection, while there is one (several
+        processes' hubs can listen on one database, all named ``trainyard-hub``)."""
+        return self._backend_pid
+
     async def _listen_forever(self) -> None:
         delay = 0.2
         while True:
@@ -183,6 +190,7 @@ class EventHub:
         try:
             conn.add_termination_listener(lambda _conn: lost.set())
             await conn.add_listener(CHANNEL, self._notified)
+            self._backend_pid = conn.get_server_pid()
             self._known.clear()
             self._epoch += 1
             self._listening.set()
@@ -191,6 +199,7 @@ class EventHub:
             log.warning("event hub lost its connection; reconnecting")
         finally:
             self._listening.clear()
+            self._backend_pid = None
             self._known.clear()
             with contextlib.suppress(Exception):
                 await conn.close(timeout=1)
