@@ -62,8 +62,11 @@ demo-gateway: install
 up: install
 	$(BIN)/trainyard up
 
+# Two pytest processes (pytest-xdist), each a session of its own (database, broker prefix,
+# embedded servers); a module stays in one. TEST_WORKERS=0 runs the suite in this process.
+TEST_WORKERS ?= 2
 test: install
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # Real worker and API processes killed, Redis stopped and flushed, and Schemathesis over the
 # whole OpenAPI document (tests/chaos), and the tests elsewhere that kill a worker, an MCP

@@ -107,6 +107,9 @@ def service_urls() -> Iterator[tuple[str, str]]:
     import asyncio
 
     home = Path(os.environ.get("TRAINYARD_TEST_HOME", ROOT / ".trainyard" / "test"))
+    # Under pytest-xdist (`make test`) each process is a session of its own: embedded servers
+    # of its own too, or the first session to finish would stop the other's.
+    home /= os.environ.get("PYTEST_XDIST_WORKER", "")
     base_db, broker, started = _base_urls(home)
     name = f"trainyard_test_{uuid.uuid4().hex[:8]}"
     template = template_of(name)
