@@ -38,6 +38,19 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
+def _wait_for_state(path: Path, state: dict[str, Any]) -> None:
+    """Until ``path`` holds ``state``: `up` writes its folder's file (what ``Up.start`` waits
+    for) and then the user's, so a busy machine can read between the two."""
+
+    def holds() -> bool:
+        try:
+            return bool(json.loads(path.read_text()) == state)
+        except (OSError, ValueError):
+            return False
+
+    wait_for(f"{path} to name this up", holds, 10)
+
+
 def test_up_serves_the_api_and_other_folders_find_it(folder: Path) -> None:
     proj, elsewhere = folder / "proj", folder / "elsewhere"
     proj.mkdir()
@@ -49,7 +62,7 @@ def test_up_serves_the_api_and_other_folders_find_it(folder: Path) -> None:
         base = state["api_url"]
         assert base == f"http://127.0.0.1:{up.port}" and state["api_key"].startswith("ty_")
         # The same state where a terminal in any other folder looks for it.
-        assert json.loads((folder / "user" / ".trainyard" / "up.json").read_text()) == state
+        _wait_for_state(folder / "user" / ".trainyard" / "up.json", state)
         # Printed just after the state is written: wait for the line, not the file.
         wait_for("up to print its key", lambda: state["api_key"] in up.output(), 30, up.log)
 
@@ -169,7 +182,7 @@ def test_a_second_up_leaves_the_user_file_of_a_running_one_alone(folder: Path) -
     second = Up(two_dir, env, folder / "two.log")
     try:
         one = first.start()
-        assert json.loads(user_file.read_text()) == one
+        _wait_for_state(user_file, one)
         two = second.start()
         key_line = f"saved in {second.state_file}: "
         wait_for("the second up to print its key", lambda: key_line in second.output(), 30)
