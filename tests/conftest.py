@@ -41,6 +41,14 @@ from tests.support.database import (
 # chaos fuzz set their own.
 os.environ.setdefault("TRAINYARD_CODE_POLICY", "open")
 
+# Under pytest-xdist (`make test`) the processes share the machine's cores: each, and every
+# worker and API it starts, gets its share of torch's OpenMP threads. Two processes with a
+# thread per core each made some training tests 3-6x slower than alone.
+if _xdist_workers := os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault(
+        "OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // int(_xdist_workers)))
+    )
+
 # Modules that cost seconds to collect, collected only when ``-m`` can select their marker:
 # Schemathesis builds every operation's coverage cases while the fuzz is being collected.
 _COLLECTED_ONLY_WITH_MARK = {ROOT / "tests" / "chaos" / "test_openapi_fuzz.py": "chaos"}
