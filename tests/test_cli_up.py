@@ -180,25 +180,30 @@ def test_a_second_up_leaves_the_user_file_of_a_running_one_alone(folder: Path) -
     user_file = folder / "user" / ".trainyard" / "up.json"
     first = Up(one_dir, env, folder / "one.log")
     second = Up(two_dir, env, folder / "two.log")
+    # Each `up` is stopped whatever fails (a failure must not leave the first one's worker and
+    # servers running), the second inside the first.
     try:
         one = first.start()
         _wait_for_state(user_file, one)
-        two = second.start()
-        key_line = f"saved in {second.state_file}: "
-        wait_for("the second up to print its key", lambda: key_line in second.output(), 30)
-        said = second.output()
-        assert f"left {user_file} alone: it names the `trainyard up` running for " in said
-        assert f"{one['home']} (pid {one['pid']}, API at {one['api_url']})" in said
-        assert json.loads(user_file.read_text()) == one  # still the first's
-        assert two["pid"] == second.proc.pid and two["api_url"] != one["api_url"]
-        # From a third folder, a command still reaches the first.
-        found = cli("status", "--json", cwd=folder, env=env)
-        assert json.loads(found.stdout)["pid"] == one["pid"], found.stderr
+        try:
+            two = second.start()
+            key_line = f"saved in {second.state_file}: "
+            wait_for("the second up to print its key", lambda: key_line in second.output(), 30)
+            said = second.output()
+            assert f"left {user_file} alone: it names the `trainyard up` running for " in said
+            assert f"{one['home']} (pid {one['pid']}, API at {one['api_url']})" in said
+            assert json.loads(user_file.read_text()) == one  # still the first's
+            assert two["pid"] == second.proc.pid and two["api_url"] != one["api_url"]
+            # From a third folder, a command still reaches the first.
+            found = cli("status", "--json", cwd=folder, env=env)
+            assert json.loads(found.stdout)["pid"] == one["pid"], found.stderr
+        finally:
+            code = second.stop()
+        assert code == 0, second.output()
+        assert json.loads(user_file.read_text()) == one  # its stop did not write it either
     finally:
-        code = second.stop()
-    assert code == 0, second.output()
-    assert json.loads(user_file.read_text()) == one  # its stop did not write it either
-    assert first.stop() == 0, first.output()
+        first_code = first.stop()
+    assert first_code == 0, first.output()
 
 
 def _rows(base: str, key: str, run_id: str) -> list[tuple[int, int, int]]:
