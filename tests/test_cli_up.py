@@ -37,7 +37,6 @@ def _alive(pid: int) -> bool:
         return False
 
 
-@pytest.mark.slow
 def _wait_for_state(path: Path, state: dict[str, Any]) -> None:
     """Until ``path`` holds ``state``: `up` writes its folder's file (what ``Up.start`` waits
     for) and then the user's, so a busy machine can read between the two."""
@@ -51,6 +50,7 @@ def _wait_for_state(path: Path, state: dict[str, Any]) -> None:
     wait_for(f"{path} to name this up", holds, 10)
 
 
+@pytest.mark.slow
 def test_up_serves_the_api_and_other_folders_find_it(folder: Path) -> None:
     proj, elsewhere = folder / "proj", folder / "elsewhere"
     proj.mkdir()
