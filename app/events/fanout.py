@@ -27,6 +27,13 @@ thousand streams: bench/watchers.py).
 
 A stream ends after its run's last event: the events and the run's status are read in one
 statement (one snapshot), so a terminal status comes with the event that recorded it.
+
+The hub listens only while something needs it: a stream, or a conditional GET (the run
+ETags it answers from memory) within the last ``idle_seconds``. PostgreSQL wakes every
+listening backend of a database for every NOTIFY on any channel, so each idle LISTEN cost
+every run's creation (its ``trainyard_runs_due``) some 30 µs of PostgreSQL CPU per API
+process (docs/benchmarks.md, "The request path against 224089f"). Starting to listen is a
+reconnect as above: what it had not heard is read again.
 """
 
 from __future__ import annotations
@@ -106,6 +113,9 @@ class _Known:
     project_id: uuid.UUID | None = None
 
 
+#: How long the hub goes on listening once no stream and no conditional GET needs it.
+LISTEN_IDLE_SECONDS = 300.0
+
 # Runs whose last event id the hub keeps, the least recently notified or read forgotten first.
 KNOWN_RUNS = 100_000
 
@@ -129,6 +139,7 @@ class EventHub:
         buffer: int,
         keepalive_seconds: float,
         gather_seconds: float = 0.0,
+        idle_seconds: float = LISTEN_IDLE_SECONDS,
     ) -> None:
         self._url = url
         self._pool = pool
@@ -140,28 +151,45 @@ class EventHub:
         self._epoch = 0  # bumped on every (re)connect: what was known before may be stale
         self._backend_pid: int | None = None
         self._listening = asyncio.Event()
+        self._idle_seconds = idle_seconds
+        self._wanted_at = -idle_seconds  # never: nothing has needed it yet
+        self._listener: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> None:
-        self._tasks = [
-            asyncio.create_task(self._listen_forever(), name="event-hub"),
-            asyncio.create_task(self._keep_alive_forever(), name="event-hub-keep-alive"),
-        ]
+        """Start the keep-alive timer; the hub listens once something needs it."""
+        self._tasks = [asyncio.create_task(self._keep_alive_forever(), name="event-hub-keep-alive")]
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *([self._listener] if self._listener is not None else [])]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for state in self._runs.values():
             if state.reading is not None:
                 state.reading.cancel()
 
+    def want(self) -> None:
+        """Something needs live notifications (a stream, a conditional GET): listen if the
+        hub does not, and go on for ``idle_seconds`` more."""
+        self._wanted_at = time.monotonic()
+        if self._listener is None or self._listener.done():
+            self._listener = asyncio.create_task(self._listen_while_wanted(), name="event-hub")
+
+    def _idle_for(self) -> float:
+        """How much longer the hub listens with nothing needing it (<= 0: stop now)."""
+        if self._runs:
+            return self._idle_seconds
+        return self._wanted_at + self._idle_seconds - time.monotonic()
+
     async def listening(self) -> None:
-        """Returns once the hub listens (at once, unless its connection is being remade)."""
+        """Returns once the hub listens, starting to if it did not (at once, unless its
+        connection is being made or remade)."""
+        self.want()
         await self._listening.wait()
 
     @property
@@ -170,12 +198,12 @@ class EventHub:
         processes' hubs can listen on one database, all named ``trainyard-hub``)."""
         return self._backend_pid
 
-    async def _listen_forever(self) -> None:
+    async def _listen_while_wanted(self) -> None:
         delay = 0.2
-        while True:
+        while self._idle_for() > 0:
             try:
                 await self._listen_once()
-                delay = 0.2  # it listened, then lost the connection: reconnect at once
+                delay = 0.2  # it listened, then lost the connection or was idle
             except (OSError, asyncpg.PostgresError) as exc:
                 log.warning("event hub cannot listen (%s); retrying in %.1fs", exc, delay)
                 await asyncio.sleep(delay)
@@ -195,8 +223,14 @@ class EventHub:
             self._epoch += 1
             self._listening.set()
             self._resync()  # whatever was notified while nobody listened
-            await lost.wait()
-            log.warning("event hub lost its connection; reconnecting")
+            while (idle := self._idle_for()) > 0:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(idle):
+                        await lost.wait()
+                if lost.is_set():
+                    log.warning("event hub lost its connection; reconnecting")
+                    return
+            log.info("event hub stops listening: nothing needed it for %.0fs", self._idle_seconds)
         finally:
             self._listening.clear()
             self._backend_pid = None
@@ -224,9 +258,11 @@ class EventHub:
         subscriber = Subscriber(position=after_id, buffer=self._buffer)
         state = self._runs.setdefault(run_id, _Run())
         state.subscribers.add(subscriber)
+        self.want()
         try:
             yield Subscription(self, run_id, subscriber)
         finally:
+            self._wanted_at = time.monotonic()  # idle from the last stream's end
             state.subscribers.discard(subscriber)
             if not state.subscribers and self._runs.get(run_id) is state:
                 del self._runs[run_id]
@@ -242,7 +278,9 @@ class EventHub:
         return self._epoch if self._listening.is_set() else None
 
     def latest(self, run_id: uuid.UUID, project_id: uuid.UUID) -> int | None:
-        """The run's last event id if the hub knows it for this project, else None."""
+        """The run's last event id if the hub knows it for this project, else None. Asked
+        by a conditional GET: the hub listens (from now, if it did not) to know next time."""
+        self.want()
         known = self._known.get(run_id)
         if known is None or known.project_id != project_id or not self._listening.is_set():
             return None
