@@ -44,6 +44,8 @@ class BodySizeLimit:
             await self.app(scope, receive, send)
             return
         max_bytes = self.limit_for(scope)
+        declared: int | None = None
+        chunked = False
         for name, value in scope.get("headers", ()):
             if name == b"content-length":
                 try:
@@ -53,6 +55,13 @@ class BodySizeLimit:
                 if declared > max_bytes:
                     await self._refuse(scope, send, max_bytes)
                     return
+            elif name == b"transfer-encoding":
+                chunked = True
+        if not chunked and scope.get("http_version") in ("1.0", "1.1"):
+            # HTTP/1's framing ends the body at the declared length (no length, no body):
+            # only a chunked body needs counting, and no other request pays for it.
+            await self.app(scope, receive, send)
+            return
         seen = 0
         started = False
         refused = False
