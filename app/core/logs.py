@@ -9,15 +9,15 @@ to pass the ids around and a line logged deep inside a service still says which 
 
 The API's access log is :class:`RequestLog`, a pure ASGI middleware: it gives each request an
 id (the caller's ``X-Request-ID`` when it is sane, else a new one), echoes it on the response
-and logs one ``trainyard.access`` line per request. Uvicorn's own access log stays off. The
-line is formatted and written by the request, through the standard library's
-``StreamHandler``: a thread that formatted and wrote queued lines in batches cost an API
-process more CPU per request than the lines themselves (docs/benchmarks.md, "The request
-path against 224089f").
+and logs one ``trainyard.access`` line per request, a batch of lines at a time
+(:class:`RequestBatch`, within :data:`ACCESS_BATCH_SECONDS`), each batch written with one
+``write`` (:class:`BatchedStreamHandler`). Uvicorn's own access log stays off. A thread that
+drained a queue of lines cost an API process more than the lines themselves.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json as jsonlib
 import logging
 import logging.config
@@ -47,11 +47,17 @@ CONTEXT_FIELDS = ("run_id", "task_id", "request_id", "project_id")
 # more (the project once the caller is authenticated), so inner code needs no new scope.
 _context: ContextVar[dict[str, str] | None] = ContextVar("trainyard_log_context", default=None)
 
+# A record made in one scope and handled later (an access line) carries the scope's fields.
+SCOPE_ATTRIBUTE = "log_scope"
 # What every LogRecord has: anything else on a record came from ``extra=`` and is logged.
 _RECORD_ATTRIBUTES = frozenset(
     logging.LogRecord("", 0, "", 0, "", (), None).__dict__.keys()
     | {"message", "asctime", "color_message"}  # uvicorn's coloured copy of the message
+    | {SCOPE_ATTRIBUTE}
 )
+#: How long an access line may wait to be logged with others, and how many may wait.
+ACCESS_BATCH_SECONDS = 0.1
+ACCESS_BATCH_LINES = 512
 
 
 class log_context:
@@ -85,9 +91,10 @@ def bind_log_context(**fields: object) -> None:
         scope.update({name: str(value) for name, value in fields.items() if value is not None})
 
 
-def current_log_context() -> dict[str, str]:
-    """The open scopes' fields, the well-known ids first in a fixed order."""
-    scope = _context.get()
+def current_log_context(scope: dict[str, str] | None = None) -> dict[str, str]:
+    """The open scopes' fields (or ``scope``'s), the well-known ids first in a fixed order."""
+    if scope is None:
+        scope = _context.get()
     if not scope:
         return {}
     known = {name: scope[name] for name in CONTEXT_FIELDS if name in scope}
@@ -102,7 +109,7 @@ class LogFormatter(logging.Formatter):
         self.as_json = as_json
 
     def format(self, record: logging.LogRecord) -> str:
-        context = current_log_context()
+        context = current_log_context(record.__dict__.get(SCOPE_ATTRIBUTE))
         if not self.as_json:  # for a person: the ids, not every extra field
             text = super().format(record)
             if context:
@@ -168,7 +175,7 @@ def logging_config(level: int | str = "INFO", *, json: bool | None = None) -> di
                 "formatter": "trainyard",
             },
             "access": {
-                "class": "logging.StreamHandler",
+                "class": f"{__name__}.BatchedStreamHandler",
                 "stream": "ext://sys.stderr",
                 "formatter": "trainyard",
             },
@@ -183,6 +190,35 @@ def logging_config(level: int | str = "INFO", *, json: bool | None = None) -> di
     }
 
 
+class BatchedStreamHandler(logging.StreamHandler):
+    """A stream handler that keeps what it formats until :meth:`flush`, then writes it with
+    one ``write``: the access log's, flushed by :class:`RequestLog` after each batch of lines
+    (and by :mod:`logging` at exit), or once :data:`ACCESS_BATCH_LINES` are waiting."""
+
+    def __init__(self, stream: Any = None) -> None:
+        super().__init__(stream)
+        self._lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self._lines.append(self.format(record) + self.terminator)
+        except Exception:
+            self.handleError(record)
+        if len(self._lines) >= ACCESS_BATCH_LINES:
+            self.flush()
+
+    def flush(self) -> None:
+        self.acquire()
+        try:
+            if self._lines:
+                text = "".join(self._lines)
+                self._lines.clear()
+                self.stream.write(text)
+            super().flush()
+        finally:
+            self.release()
+
+
 def configure_logging(level: int | str = "INFO", *, json: bool | None = None) -> None:
     """Set up this process's logging (``json``: None follows the ``log_format`` setting).
     Calling it again replaces the handler rather than adding a second one."""
@@ -192,11 +228,86 @@ def configure_logging(level: int | str = "INFO", *, json: bool | None = None) ->
 
 # -- the API's request ids, access log and request metrics -------------------------------------
 class RequestMetrics(Protocol):
-    """What :class:`RequestLog` reports each request to (the API's Prometheus metrics)."""
+    """What :class:`RequestLog` reports requests to (the API's Prometheus metrics): the
+    requests in flight as they come and go, and each answered one with its batch."""
 
     def begin(self) -> None: ...
 
-    def end(self, method: str, route: str, status: int, seconds: float) -> None: ...
+    def end(self) -> None: ...
+
+    def answered(self, method: str, route: str, status: int, seconds: float) -> None: ...
+
+
+# One answered request, as it waits for its batch: when it ended, method, route template,
+# status, seconds, and the fields of its log scope.
+_Answered = tuple[float, str, str, int, float, dict[str, str]]
+
+
+class RequestBatch:
+    """The requests answered since the last batch, and what is done with each batch: the
+    access lines logged (``trainyard.access``), the request ``metrics`` recorded.
+
+    A request only notes what it answered (:meth:`add`); the batch is handled on the event
+    loop within :data:`ACCESS_BATCH_SECONDS`, at once when :data:`ACCESS_BATCH_LINES` wait,
+    and whenever :meth:`flush` is called (a scrape of the API's ``/metrics``, the lifespan's
+    end). Inside each request the line and the metrics cost an API process 40-50 µs of CPU,
+    a tenth of a GET; in a batch a third of that (docs/benchmarks.md, "The request path
+    against 224089f"). A process killed with SIGKILL loses the last batch.
+    """
+
+    def __init__(self, metrics: RequestMetrics | None = None) -> None:
+        self.metrics = metrics
+        self.log = logging.getLogger(ACCESS_LOGGER)
+        self._waiting: list[_Answered] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, request: _Answered) -> None:
+        waiting = self._waiting
+        waiting.append(request)
+        if len(waiting) >= ACCESS_BATCH_LINES:
+            self.flush()
+            return
+        loop = asyncio.get_running_loop()
+        if self._timer is None or self._timer_loop is not loop:
+            self._timer = loop.call_later(ACCESS_BATCH_SECONDS, self.flush)
+            self._timer_loop = loop
+
+    def flush(self) -> None:
+        """Log and count the requests answered since the last batch, now."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._waiting = self._waiting, []
+        if self.metrics is not None:
+            for _, method, route, status, seconds, _ in batch:
+                self.metrics.answered(method, route, status, seconds)
+        log = self.log
+        if not batch or not log.isEnabledFor(logging.INFO):
+            return
+        for ended, method, route, status, seconds, fields in batch:
+            ms = seconds * 1000
+            # The record made directly: Logger.info would also look up its caller's frame.
+            record = log.makeRecord(
+                ACCESS_LOGGER,
+                logging.INFO,
+                "",
+                0,
+                "%s %s %d %.1f ms",
+                (method, route, status, ms),
+                None,
+                extra={
+                    "method": method,
+                    "route": route,
+                    "status": status,
+                    "duration_ms": round(ms, 2),
+                    SCOPE_ATTRIBUTE: fields,  # the project is bound to it once it is known
+                },
+            )
+            _stamp(record, ended)
+            log.handle(record)
+        for handler in log.handlers:
+            handler.flush()
 
 
 class RequestLog:
@@ -207,20 +318,31 @@ class RequestLog:
     metrics do), status, duration, and — through the request's log scope — the request id and
     the caller's project. When the access logger is off the request still gets its id. One
     clock and one wrapped ``send`` serve the line and the metrics; as the outermost of the
-    app's middleware it also sees the limits' 413s and 429s.
+    app's middleware it also sees the limits' 413s and 429s. The requests in flight are
+    counted live; lines and the other metrics go through a :class:`RequestBatch`, handled
+    once more when the lifespan ends.
     """
 
-    def __init__(self, app: ASGIApp, metrics: RequestMetrics | None = None) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        metrics: RequestMetrics | None = None,
+        batch: RequestBatch | None = None,
+    ) -> None:
         from app.observability.prometheus import UNMATCHED  # the API's, not every process's
 
         self.app = app
-        self.metrics = metrics
-        self.log = logging.getLogger(ACCESS_LOGGER)
+        self.batch = batch or RequestBatch(metrics)
+        self.metrics = self.batch.metrics
         self.unmatched = UNMATCHED  # the route of a path no route matches, as in the metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            finally:
+                if scope["type"] == "lifespan":
+                    self.batch.flush()  # the process is stopping: the last batch now
             return
         given = None
         for name, value in scope["headers"]:
@@ -240,7 +362,7 @@ class RequestLog:
             await send(message)
 
         metrics = self.metrics
-        with log_context(request_id=request_id):
+        with log_context(request_id=request_id) as fields:
             if metrics is not None:
                 metrics.begin()
             started = time.perf_counter()
@@ -248,27 +370,15 @@ class RequestLog:
                 await self.app(scope, receive, send_with_id)
             finally:
                 elapsed = time.perf_counter() - started
-                route = getattr(scope.get("route"), "path", None) or self.unmatched
                 if metrics is not None:
-                    metrics.end(scope["method"], route, status, elapsed)
-                if self.log.isEnabledFor(logging.INFO):
-                    self._access(scope["method"], route, status, elapsed * 1000)
+                    metrics.end()
+                route = getattr(scope.get("route"), "path", None) or self.unmatched
+                self.batch.add((time.time(), scope["method"], route, status, elapsed, fields))
 
-    def _access(self, method: str, route: str, status: int, ms: float) -> None:
-        # The record made directly: Logger.info would also look up its caller's frame.
-        record = self.log.makeRecord(
-            ACCESS_LOGGER,
-            logging.INFO,
-            "",
-            0,
-            "%s %s %d %.1f ms",
-            (method, route, status, ms),
-            None,
-            extra={
-                "method": method,
-                "route": route,
-                "status": status,
-                "duration_ms": round(ms, 2),
-            },
-        )
-        self.log.handle(record)
+
+def _stamp(record: logging.LogRecord, created: float) -> None:
+    """Date ``record`` at ``created`` (``time.time()``), as :class:`logging.LogRecord` would
+    have had it been made then."""
+    record.created = created
+    record.msecs = int((created - int(created)) * 1000) + 0.0
+    record.relativeCreated = (created - logging._startTime) * 1000  # type: ignore[attr-defined]

@@ -37,6 +37,7 @@ from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from fastapi import APIRouter, Request, Response
+from fastapi.concurrency import run_in_threadpool
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -500,9 +501,10 @@ class RequestMetrics:
     """Counts and times every HTTP request by method, route template and status.
 
     Not a middleware of its own: :class:`app.core.logs.RequestLog`, the one pure-ASGI layer
-    that observes requests, calls :meth:`begin` and :meth:`end` around each (one clock, one
-    wrapped ``send`` for the access line and the metrics). The label children are cached, so
-    a request costs two dictionary look-ups besides the values' locks."""
+    that observes requests, calls :meth:`begin` and :meth:`end` around each (the requests in
+    flight, live) and :meth:`answered` for each answered request with its batch, within
+    :data:`app.core.logs.ACCESS_BATCH_SECONDS`. The label children are cached, so a request
+    costs two dictionary look-ups besides the values' locks."""
 
     def __init__(self) -> None:
         self._counters: dict[tuple[str, str, int], Any] = {}
@@ -511,8 +513,10 @@ class RequestMetrics:
     def begin(self) -> None:
         HTTP_IN_FLIGHT.inc()
 
-    def end(self, method: str, route: str, status: int, seconds: float) -> None:
+    def end(self) -> None:
         HTTP_IN_FLIGHT.dec()
+
+    def answered(self, method: str, route: str, status: int, seconds: float) -> None:
         if method not in METHODS:
             method = "OTHER"
         key = (method, route, status)
@@ -526,13 +530,13 @@ class RequestMetrics:
         timer.observe(seconds)
 
 
-def metrics_router(token: str | None) -> APIRouter:
-    """``GET /metrics`` in the text exposition format, behind ``token`` when one is set."""
+def metrics_router(token: str | None, before_scrape: Callable[[], None] | None = None) -> APIRouter:
+    """``GET /metrics`` in the text exposition format, behind ``token`` when one is set;
+    ``before_scrape`` (the API's request batch) runs first, on the event loop."""
     router = APIRouter(tags=["observability"])
 
     @router.get("/metrics", include_in_schema=False)
-    def metrics(request: Request) -> Response:
-        # A plain def: the merge reads files, so it runs on the thread pool.
+    async def metrics(request: Request) -> Response:
         if not token_ok(token, request.headers.get("authorization")):
             raise Problem(
                 401,
@@ -540,7 +544,10 @@ def metrics_router(token: str | None) -> APIRouter:
                 "Send the metrics token as 'Authorization: Bearer <token>'.",
                 headers={"WWW-Authenticate": "Bearer"},
             )
-        return Response(exposition(), media_type=CONTENT_TYPE_LATEST)
+        if before_scrape is not None:
+            before_scrape()  # this process's requests so far are in the answer
+        # The merge reads files: on the thread pool.
+        return Response(await run_in_threadpool(exposition), media_type=CONTENT_TYPE_LATEST)
 
     return router
 

@@ -3,6 +3,7 @@ that parse and carry the run id, request id and project; plain text on a termina
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import logging
@@ -59,14 +60,29 @@ async def test_a_worker_logs_json_lines_carrying_the_run_id(
     assert len([line for line in lines if line["message"].endswith(" ready.")]) == 1
 
 
+class Lines(list[dict[str, Any]]):
+    """Access lines as they are logged (a batch at a time: app/core/logs.py)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logged = asyncio.Event()
+
+    async def wait_for(self, n: int) -> None:
+        async with asyncio.timeout(10):
+            while len(self) < n:
+                await self.logged.wait()
+                self.logged.clear()
+
+
 @contextlib.contextmanager
-def access_lines() -> Iterator[list[dict[str, Any]]]:
+def access_lines() -> Iterator[Lines]:
     """The access log's lines as the JSON formatter writes them."""
-    seen: list[dict[str, Any]] = []
+    seen = Lines()
 
     class Collect(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
             seen.append(json.loads(self.format(record)))
+            seen.logged.set()
 
     handler = Collect()
     handler.setFormatter(LogFormatter(as_json=True))
@@ -90,6 +106,7 @@ async def test_each_request_gets_an_access_line_with_its_echoed_id_and_project(
         )
         fresh = await client.get("/runs", headers=tenant.headers)
         forged = await client.get("/runs", headers={"X-Request-ID": 'x" "level": "ERROR'})
+        await lines.wait_for(3)
 
     assert given.status_code == 404 and given.headers["x-request-id"] == "req-1.a:b"
     assert len(fresh.headers["x-request-id"]) == 32 and int(fresh.headers["x-request-id"], 16)
