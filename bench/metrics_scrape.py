@@ -177,10 +177,10 @@ def time_middleware(prometheus: Any, batches: int, per_batch: int) -> dict[str, 
     async def get_run(run_id: str) -> dict[str, str]:
         return {"id": run_id, "status": "training"}
 
-    from app.core.logs import RequestLog
+    from app.core.logs import RequestBatch, RequestLog
 
     bare_layer = RequestLog(app)  # the request id only: the access logger is not configured
-    wrapped = RequestLog(app, metrics=prometheus.RequestMetrics())
+    wrapped = RequestLog(app, RequestBatch(prometheus.RequestMetrics()))
     base = {
         "type": "http",
         "asgi": {"version": "3.0"},

@@ -192,8 +192,8 @@ def logging_config(level: int | str = "INFO", *, json: bool | None = None) -> di
 
 class BatchedStreamHandler(logging.StreamHandler):
     """A stream handler that keeps what it formats until :meth:`flush`, then writes it with
-    one ``write``: the access log's, flushed by :class:`RequestLog` after each batch of lines
-    (and by :mod:`logging` at exit), or once :data:`ACCESS_BATCH_LINES` are waiting."""
+    one ``write``: the access log's, flushed by :class:`RequestBatch` after each batch of
+    lines (and by :mod:`logging` at exit), or once :data:`ACCESS_BATCH_LINES` are waiting."""
 
     def __init__(self, stream: Any = None) -> None:
         super().__init__(stream)
@@ -323,16 +323,11 @@ class RequestLog:
     once more when the lifespan ends.
     """
 
-    def __init__(
-        self,
-        app: ASGIApp,
-        metrics: RequestMetrics | None = None,
-        batch: RequestBatch | None = None,
-    ) -> None:
+    def __init__(self, app: ASGIApp, batch: RequestBatch | None = None) -> None:
         from app.observability.prometheus import UNMATCHED  # the API's, not every process's
 
         self.app = app
-        self.batch = batch or RequestBatch(metrics)
+        self.batch = batch or RequestBatch()  # no metrics: lines only
         self.metrics = self.batch.metrics
         self.unmatched = UNMATCHED  # the route of a path no route matches, as in the metrics
 
