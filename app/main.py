@@ -56,7 +56,7 @@ except PackageNotFoundError:  # pragma: no cover - running from a source tree
 # threshold (700) the requests in flight at any moment were enough to start a collection
 # every few requests: 35 µs of CPU per create, against 6 µs with these (docs/benchmarks.md,
 # "The request path against 224089f"). What cyclic garbage a request leaves waits a little
-# longer to be freed; a full pass comes a tenth as often.
+# longer to be freed, and full passes are much rarer.
 GC_THRESHOLDS = (10_000, 20, 100)
 
 

@@ -192,6 +192,12 @@ class EventHub:
         self.want()
         await self._listening.wait()
 
+    async def not_listening(self) -> None:
+        """Returns once the hub does not listen (at once if it does not; else when nothing
+        has needed it for ``idle_seconds``)."""
+        if self._listener is not None:
+            await asyncio.shield(self._listener)
+
     @property
     def backend_pid(self) -> int | None:
         """The PostgreSQL backend of the LISTEN connection, while there is one (several

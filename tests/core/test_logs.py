@@ -160,6 +160,40 @@ def test_trainyard_api_writes_json_access_lines(service_urls: Any, tmp_path: Pat
     assert all(text.startswith("{") for text in log.read_text().splitlines())
 
 
+def test_a_stopped_api_writes_its_last_access_lines(service_urls: Any, tmp_path: Path) -> None:
+    """Lines are written a batch at a time (within 0.1 s): a SIGTERM right after the last
+    answers loses none of their lines."""
+    port = free_port()
+    log = tmp_path / "api.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TRAINYARD_METRICS_ENABLED": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app.cli", "api", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=log.open("wb"),
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def answered() -> httpx.Response | None:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{base}/healthz", timeout=2)
+        return None
+
+    try:
+        wait_for("the API", answered, 60, log)
+        with httpx.Client(base_url=base) as client:
+            for i in range(20):
+                client.get("/healthz", headers={"X-Request-ID": f"last-{i}"})
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(20)
+    ids = {line.get("request_id") for line in json_lines(log.read_text())}
+    assert {f"last-{i}" for i in range(20)} <= ids
+
+
 LOG_SOME = """
 import logging
 from app.core.logs import configure_logging, log_context

@@ -192,3 +192,44 @@ async def test_a_runs_creation_notifies_no_stream_its_next_event_does(
     assert payloads == [f"{run_id}:{i}:{i}" for i in ids]
     created, *appended = await event_ids(sessionmaker, run_id)
     assert created < ids[0] and appended == ids  # `created` is stored, only unannounced
+
+
+async def test_the_hub_listens_only_while_something_needs_it(
+    api: Any, client: Any, tenant: Any, sessionmaker: Any, service_urls: tuple[str, str]
+) -> None:
+    """No LISTEN connection until a stream or a conditional GET needs one (PostgreSQL wakes
+    every listener of the database on each NOTIFY); one opened by a stream misses none of
+    its events; it closes ``idle_seconds`` after the last need."""
+    idle = 0.5
+    hub = EventHub(
+        service_urls[0], api.state.pg, buffer=100, keepalive_seconds=15, idle_seconds=idle
+    )
+    hub.start()
+    listeners = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+        " AND application_name = 'trainyard-hub' AND pid = :pid"
+    )
+    try:
+        run_id = await new_run(client, tenant)
+        assert hub.backend_pid is None and hub.epoch() is None  # nothing needed it yet
+        await append_events(sessionmaker, run_id, 2)  # before anyone listens
+        async with streams(hub, run_id, 1) as (got,):
+            await hub_listening(hub)
+            pid = hub.backend_pid
+            async with sessionmaker() as s:
+                assert await s.scalar(text(listeners), {"pid": pid}) == 1
+            await append_events(sessionmaker, run_id, 1, end=True)  # after it listens
+            await got.wait_for(ended)
+        assert [event_id(m) for m in got[:-1]] == await event_ids(sessionmaker, run_id)
+        # The stream ended: the connection closes once the hub was idle that long.
+        async with asyncio.timeout(idle + 10):
+            await hub.not_listening()
+        assert hub.backend_pid is None
+        async with sessionmaker() as s:
+            assert await s.scalar(text(listeners), {"pid": pid}) == 0
+        # A conditional GET's question (the hub's latest) starts it again.
+        assert hub.latest(run_id, tenant.project_id) is None
+        await hub_listening(hub)
+        assert hub.backend_pid is not None and hub.backend_pid != pid
+    finally:
+        await hub.close()
