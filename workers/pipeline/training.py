@@ -228,7 +228,9 @@ def train(
     trainer.remove_callback(ProgressCallback)
     if evaluate and resume_from is None:
         trainer.evaluate()  # the base model: what every later evaluation is compared with
-    if ranks.writer:
+    # A resumed attempt whose checkpoint is the last step's (the worker died between it and
+    # the final model) trains no step: the run stays where the last step left it.
+    if ranks.writer and (_checkpoint_step(resume_from) or 0) < len(plan):
         ctx.runtime.run(_start_collecting(ctx))
     try:
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
