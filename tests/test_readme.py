@@ -70,7 +70,7 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
             "grpo": {"distributed": {"num_processes": 2}},
         },
         ("grpo",),
-        "an agent run (environment) trains in one process",
+        "an agent run (environment) trains in the worker's process",
     ),
     "a gateway run that trains a LoRA adapter on shared vLLM": (
         {

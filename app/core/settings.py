@@ -194,6 +194,20 @@ class Settings(BaseSettings):
         le=65535,
         description="A worker serves its Prometheus metrics on this port; unset: it does not.",
     )
+    # Ray (docs/scaling.md)
+    ray_address: str | None = Field(
+        default=None,
+        description="The Ray cluster that runs with grpo.distributed.launcher 'ray' are "
+        "placed on: the GCS address (host:6379, or 'auto') where the worker is a node of the "
+        "cluster, or a Ray Client address (ray://host:10001). Unset: such runs fail at their "
+        "start.",
+    )
+    ray_placement_timeout_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="How long a run's ranks may wait for the Ray cluster to place them "
+        "before the attempt ends with what was asked and what the cluster has.",
+    )
     # What runs may name (docs/security.md)
     code_policy: Literal["open", "catalog"] | None = Field(
         default=None,

@@ -19,12 +19,28 @@ async def test_defaults_to_one_process_and_is_served_as_given(
 ) -> None:
     r = await client.post("/runs", json=run_body(), headers=tenant.headers)
     assert r.status_code == 202, r.text
-    assert r.json()["grpo"]["distributed"] == {"num_processes": 1, "accelerate_config": "ddp"}
-    spec = {"num_processes": 4, "accelerate_config": "zero3-offload"}
-    body = run_body(rollouts_per_group=8, grpo={"groups_per_step": 2, "distributed": spec})
-    r = await client.post("/runs", json=body, headers=tenant.headers)
-    assert r.status_code == 202, r.text
-    assert r.json()["grpo"]["distributed"] == spec
+    local = {
+        "num_processes": 1,
+        "accelerate_config": "ddp",
+        "launcher": "local",
+        "num_nodes": 1,
+        "gpus_per_process": None,
+        "cpus_per_process": 1,
+    }
+    assert r.json()["grpo"]["distributed"] == local
+    for spec in (
+        {**local, "num_processes": 4, "accelerate_config": "zero3-offload"},
+        # On a Ray cluster: 4 nodes of 4 ranks, one GPU and 8 CPUs each.
+        {**local, "launcher": "ray", "num_processes": 16, "num_nodes": 4, "gpus_per_process": 1}
+        | {"cpus_per_process": 8},
+        # One rank, on the cluster rather than in the worker.
+        {**local, "launcher": "ray"},
+    ):
+        grpo = {"groups_per_step": 2, "distributed": spec}
+        body = run_body(rollouts_per_group=16, grpo=grpo)
+        r = await client.post("/runs", json=body, headers=tenant.headers)
+        assert r.status_code == 202, r.text
+        assert r.json()["grpo"]["distributed"] == spec
 
 
 @pytest.mark.parametrize(
@@ -62,7 +78,40 @@ async def test_defaults_to_one_process_and_is_served_as_given(
                 "grpo": {"distributed": {"num_processes": 2}},
             },
             "body.teacher",
-            "one process",
+            "trains in the worker's process",
+        ),
+        (
+            {
+                "teacher": {"student_model": "/models/student"},
+                "grpo": {"distributed": {"launcher": "ray"}},
+            },
+            "body.teacher",
+            "trains in the worker's process",
+        ),
+        (
+            {"grpo": {"distributed": {"num_processes": 2, "num_nodes": 2}}},
+            "body.grpo.distributed",
+            "num_nodes: Ray only",
+        ),
+        (
+            {"grpo": {"distributed": {"num_processes": 128}}},
+            "body.grpo.distributed",
+            "at most 64 on one machine; more need launcher: ray",
+        ),
+        (
+            {"grpo": {"distributed": {"launcher": "ray", "num_processes": 3, "num_nodes": 2}}},
+            "body.grpo.distributed",
+            "num_processes (3) must split evenly over num_nodes (2)",
+        ),
+        (
+            {"grpo": {"distributed": {"launcher": "ray", "cpus_per_process": 0}}},
+            "body.grpo.distributed.cpus_per_process",
+            "",
+        ),
+        (
+            {"grpo": {"distributed": {"launcher": "k8s"}}},
+            "body.grpo.distributed.launcher",
+            "",
         ),
         (
             {"grpo": {"distributed": {"num_processes": 0}}},

@@ -440,7 +440,27 @@ def test_gpu_worker_and_vllm_get_nvidia_gpus() -> None:
     judge = environment(document["worker-gpu"])["TRAINYARD_JUDGE_BASE_URL"]
     served = vllm["command"][vllm["command"].index("--port") + 1]
     assert judge == f"http://vllm:{served}/v1"
-    assert not any(s.get("profiles") for n, s in document.items() if n != "vllm")
+    optional = {n: s["profiles"] for n, s in document.items() if s.get("profiles")}
+    assert optional == {"vllm": ["vllm"], "ray-head": ["ray"], "ray-node": ["ray"]}
+
+
+def test_the_ray_profile_is_a_cluster_of_the_gpu_image_the_workers_point_at() -> None:
+    document = services()
+    head, node = document["ray-head"], document["ray-node"]
+    assert head["image"] == node["image"] == document["worker-gpu"]["image"]
+    assert "--head" in head["command"] and "--num-gpus=0" in head["command"]
+    client = next(a for a in head["command"] if a.startswith("--ray-client-server-port="))
+    port = client.partition("=")[2]
+    assert environment(document["worker-gpu"])["TRAINYARD_RAY_ADDRESS"].endswith(
+        f"ray://ray-head:{port}"
+    )
+    assert "--address=ray-head:6379" in node["command"]
+    assert node["depends_on"]["ray-head"]["condition"] == "service_healthy"
+    devices = node["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+    # The ranks read the job and write checkpoints where the worker does.
+    for service in (head, node, document["worker-gpu"]):
+        assert ("artifacts", "/var/lib/trainyard/artifacts") in volume_mounts(service)
 
 
 DEBIAN_COMPOSE = shutil.which("docker-compose")
@@ -465,7 +485,7 @@ def test_debian_docker_compose_parses_the_file(tmp_path: Path) -> None:
 
     checked = run("config", "-q")
     assert checked.returncode == 0, checked.stderr
-    listed = run("--profile", "vllm", "config", "--services")
+    listed = run("--profile", "vllm", "--profile", "ray", "config", "--services")
     assert listed.returncode == 0, listed.stderr
     assert set(listed.stdout.split()) == set(services())
     # It refuses what Compose would: a dependency on a service that does not exist.
@@ -686,15 +706,18 @@ def test_the_api_image_installs_the_package_without_the_ml_stack(tmp_path: Path)
     assert last(dockerfile("Dockerfile"), "FROM").args == "python:3.11-slim"
 
 
-def test_the_gpu_image_installs_torch_then_the_package_with_both_extras(tmp_path: Path) -> None:
-    """One resolution of the package, its `worker` and `gpu` extras (vLLM, DeepSpeed) at
-    constraints-gpu.txt's versions: nothing installed over what pip resolved."""
+def test_the_gpu_image_installs_torch_then_the_package_with_its_extras(tmp_path: Path) -> None:
+    """One resolution of the package, its `worker`, `gpu` (vLLM, DeepSpeed) and `ray` extras
+    at constraints-gpu.txt's versions: nothing installed over what pip resolved."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     files = run_requirement_programs("Dockerfile.gpu", tmp_path)
     assert files == {
         "requirements-torch.txt": [r for r in extras["worker"] if r.startswith("torch==")],
-        "requirements.txt": project["dependencies"] + extras["worker"] + extras["gpu"],
+        "requirements.txt": project["dependencies"]
+        + extras["worker"]
+        + extras["gpu"]
+        + extras["ray"],
     }
     assert files["requirements-torch.txt"], "the worker extra pins torch"
     assert pip_installs("Dockerfile.gpu") == [

@@ -1,5 +1,6 @@
 """20 steps of a real small model on a GPU with vLLM colocated, then the same on 2 ranks
-(one per GPU). Skipped without CUDA (tests/gpu/conftest.py says why)."""
+(one per GPU), then on ranks a Ray cluster of this machine places. Skipped without CUDA
+(tests/gpu/conftest.py says why)."""
 
 from __future__ import annotations
 
@@ -51,3 +52,27 @@ async def test_twenty_steps_on_two_ranks(
         pytest.skip(f"2 ranks need 2 GPUs; this machine has {gpus}")
     start_worker(**worker_home, TRAINYARD_LEASE_TTL_SECONDS="30")
     await _train(client, tenant, sessionmaker, gpu_model, {"distributed": {"num_processes": 2}})
+
+
+async def test_twenty_steps_on_ranks_ray_places_on_the_gpus(
+    client, tenant, sessionmaker, start_worker, worker_home, gpu_model, gpus
+) -> None:
+    """A one-node Ray cluster of this machine's GPUs: the ranks get theirs from Ray (its
+    CUDA_VISIBLE_DEVICES on the actor), one per rank, 2 ranks where there are 2 GPUs."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 4, "num_gpus": gpus, "include_dashboard": False},
+    )
+    try:
+        ranks = min(gpus, 2)
+        start_worker(
+            **worker_home,
+            TRAINYARD_LEASE_TTL_SECONDS="30",
+            TRAINYARD_RAY_ADDRESS=str(cluster.address),
+        )
+        ray = {"launcher": "ray", "num_processes": ranks, "gpus_per_process": 1}
+        await _train(client, tenant, sessionmaker, gpu_model, {"distributed": ray})
+    finally:
+        cluster.shutdown()

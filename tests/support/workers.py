@@ -276,3 +276,26 @@ def addition_run(
         else:
             body[key] = value
     return body
+
+
+def rank_pids(run_id: str) -> dict[int, int]:
+    """The pids of the run's ranks, by rank (read from /proc: their job path names the run)."""
+    found: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"workers.pipeline.ranks" not in cmdline or not any(
+            run_id.encode() in a for a in cmdline
+        ):
+            continue
+        if b"accelerate.commands.launch" in b" ".join(cmdline):
+            continue
+        for variable in environ:
+            if variable.startswith(b"RANK="):
+                found[int(variable[5:])] = int(entry.name)
+    return found

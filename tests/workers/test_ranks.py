@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.support.runs import events, get_run, series, trajectory_keys, wait_for
-from tests.support.workers import letter_rows, letters_run
+from tests.support.workers import letter_rows, letters_run, rank_pids
 
 pytestmark = pytest.mark.ranks
 
@@ -41,29 +41,6 @@ async def _metric_names(sessionmaker: Any, run_id: str) -> set[str]:
             select(MetricPoint.name).where(MetricPoint.run_id == uuid.UUID(run_id)).distinct()
         )
         return set(rows.scalars())
-
-
-def _ranks_of(run_id: str) -> dict[int, int]:
-    """The pids of the run's ranks, by rank (read from /proc: their job path names the run)."""
-    found: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
-            environ = (entry / "environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"workers.pipeline.ranks" not in cmdline or not any(
-            run_id.encode() in a for a in cmdline
-        ):
-            continue
-        if b"accelerate.commands.launch" in b" ".join(cmdline):
-            continue
-        for variable in environ:
-            if variable.startswith(b"RANK="):
-                found[int(variable[5:])] = int(entry.name)
-    return found
 
 
 async def test_two_ranks_train_a_run_with_one_row_per_rollout(
@@ -106,7 +83,7 @@ async def test_a_cancel_reaches_every_rank(
     body = letters_run(tiny_model, max_steps=200, grpo={"save_steps": 100, **TWO_RANKS})
     run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
     await wait_for(sessionmaker, run_id, lambda r: r.step >= 2, within=300)
-    ranks = _ranks_of(run_id)
+    ranks = rank_pids(run_id)
     assert set(ranks) == {0, 1}, ranks
     cancelled = await client.post(f"/runs/{run_id}/cancel", headers=tenant.headers)
     assert cancelled.status_code == 200, cancelled.text
@@ -127,7 +104,7 @@ async def test_a_rank_that_dies_ends_the_attempt_and_the_run_resumes(
     body = letters_run(tiny_model, max_steps=6, grpo={"save_steps": 2, **TWO_RANKS})
     run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
     await wait_for(sessionmaker, run_id, lambda r: r.step >= 3, within=300)
-    ranks = _ranks_of(run_id)
+    ranks = rank_pids(run_id)
     os.kill(ranks[1], signal.SIGKILL)  # rank 1 only: out of memory, say
     done = await _finished(sessionmaker, run_id)
     assert done.status == "completed", done.error
@@ -154,7 +131,7 @@ async def test_sigterm_hands_a_ranked_run_over_at_a_checkpoint(
         sessionmaker, run_id, lambda r: r.step >= 3 and r.lease_owner is not None, within=300
     )
     owner = next(w for w in workers if held.lease_owner.endswith(f":{w.proc.pid}"))
-    ranks = _ranks_of(run_id)
+    ranks = rank_pids(run_id)
     owner.kill(signal.SIGTERM)  # waits for the worker to exit
     assert owner.proc.returncode == 0, owner.output()[-3000:]
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())

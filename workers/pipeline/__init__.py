@@ -48,7 +48,7 @@ async def run_pipeline(ctx: RunContext) -> None:
     )
     check_trackers(spec.grpo.report_to)
     await asyncio.to_thread(check_engine, spec.grpo, spec.model_name)  # servers: over HTTP
-    check_distributed(spec.grpo.distributed)
+    await asyncio.to_thread(check_distributed, spec.grpo.distributed, ctx.settings)
     environment = None
     if spec.environment is not None and spec.environment.type != "gateway":
         from workers.environments import load_environment
@@ -144,7 +144,7 @@ async def _stages(
             data={"path": latest.path, "step": latest.step},
         )
 
-    if spec.grpo.distributed.num_processes > 1:
+    if spec.grpo.distributed.in_ranks:
         from workers.pipeline.ranks import train_on_ranks
 
         final = await train_on_ranks(ctx, spec, plan, validation, paths, resume, start)

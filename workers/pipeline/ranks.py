@@ -1,10 +1,12 @@
-"""Training on several processes (``grpo.distributed.num_processes`` > 1).
+"""Training on several processes (``grpo.distributed.num_processes`` > 1), or on a Ray
+cluster (``launcher: ray``).
 
 The worker process does for such a run what it does for any: it holds the run's lease and
 heartbeats, prepares the inputs and the plan, and settles the outcome. The training itself
-runs in N ranks it starts under ``accelerate launch`` (torch.distributed: NCCL on GPUs,
-gloo on CPU), each building the same TRL trainer from the job the worker wrote
-(``python -m workers.pipeline.ranks JOB``):
+runs in N ranks started under ``accelerate launch`` (torch.distributed: NCCL on GPUs, gloo
+on CPU), on this machine (:class:`LocalRanks`) or on the nodes Ray places them on
+(:mod:`workers.pipeline.ray_ranks`), each building the same TRL trainer from the job the
+worker wrote (``python -m workers.pipeline.ranks JOB``):
 
 - each rank generates its share of the step's rollouts; rank 0 gathers them all, scores
   every group (a group may span ranks), writes to the database fenced on the worker's
@@ -28,7 +30,6 @@ import logging
 import os
 import pickle
 import signal
-import socket
 import sys
 import threading
 import time
@@ -36,7 +37,7 @@ import traceback
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from app.core.settings import Settings
 from app.runs.lifecycle import leases
@@ -44,13 +45,19 @@ from app.runs.lifecycle.state import Fence, LeaseLost
 from app.runs.spec.grpo import DistributedSettings
 from app.runs.spec.parsed import RunSpec
 from workers.context import SHUTTING_DOWN, AttemptEnded, HandOver, RunContext, StopRequested
+from workers.pipeline.launch import (
+    ACCELERATE_CONFIGS,
+    OWNER_PID,
+    free_port,
+    kill_session,
+    launch_command,
+)
 from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.pipeline.world import FollowedRankZero, raise_stop
 from workers.runtime import Runtime
 
 log = logging.getLogger(__name__)
-ACCELERATE_CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "accelerate"
 
 
 class RankDied(AttemptEnded):
@@ -77,49 +84,34 @@ class Job:
     model: str | None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def launch_command(job: Path, *, num_processes: int, config: str, port: int) -> list[str]:
-    """``accelerate launch`` of the ranks with one of configs/accelerate/ (its
-    ``num_processes`` set by the run). On a machine without GPUs the DDP config gives
-    ``num_processes`` CPU processes on gloo."""
-    return [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--config_file",
-        str(ACCELERATE_CONFIGS / f"{config}.yaml"),
-        "--num_processes",
-        str(num_processes),
-        "--num_machines",
-        "1",
-        "--main_process_port",
-        str(port),
-        "--module",
-        "workers.pipeline.ranks",
-        str(job),
-    ]
-
-
 class DistributedUnavailable(RuntimeError):
     pass
 
 
-def check_distributed(spec: DistributedSettings) -> None:
+def check_distributed(spec: DistributedSettings, settings: Settings) -> None:
     """Fail before any step if this worker cannot launch the run's ranks: its accelerate
     config is missing, DeepSpeed is not installed or has no GPUs, or it has fewer GPUs than
-    ranks. (Without GPUs, any number of CPU ranks run on gloo.)"""
+    ranks; on Ray, it has no cluster or no Ray. (Without GPUs, any number of CPU ranks run
+    on gloo.) What a Ray cluster's nodes have is checked when the ranks are placed."""
     ranks, name = spec.num_processes, spec.accelerate_config
-    if ranks == 1:
+    if not spec.in_ranks:
         return
     import importlib.util
 
     if not (ACCELERATE_CONFIGS / f"{name}.yaml").is_file():
         raise DistributedUnavailable(f"no accelerate config {name!r} in {ACCELERATE_CONFIGS}")
+    if spec.launcher == "ray":
+        if settings.ray_address is None:
+            raise DistributedUnavailable(
+                "the run asks for launcher 'ray' but this worker has no Ray cluster: set "
+                "TRAINYARD_RAY_ADDRESS (docs/scaling.md)"
+            )
+        if importlib.util.find_spec("ray") is None:
+            raise DistributedUnavailable(
+                "the run asks for launcher 'ray' but Ray is not installed on this worker "
+                "(pip install 'trainyard[worker,ray]')"
+            )
+        return
     import torch
 
     gpus = torch.cuda.device_count()
@@ -161,39 +153,96 @@ async def train_on_ranks(
         ctx.settings, spec.id, ctx.fence, os.getpid(), plan, validation, resume_from, model
     )
     await asyncio.to_thread(_write_private, job, pickle.dumps(payload))
-    command = launch_command(
-        job,
-        num_processes=distributed.num_processes,
-        config=distributed.accelerate_config,
-        port=_free_port(),
-    )
-    log.info(
-        "run %s: launching %d ranks: %s", spec.id, distributed.num_processes, " ".join(command)
-    )
-    # A session of its own: a signal to the worker's process group (a deploy's SIGTERM)
-    # reaches the worker, which hands the run over at a step boundary, not the ranks.
-    process = await asyncio.create_subprocess_exec(*command, start_new_session=True)
+    launched: Launched
+    if distributed.launcher == "ray":
+        from workers.pipeline.ray_ranks import RayRanks
+
+        launched = await RayRanks.start(ctx.settings, spec.id, distributed, job)
+    else:
+        launched = await LocalRanks.start(spec.id, distributed, job)
     handover = folder / "handover"
     lost_at: float | None = None
     try:
-        while process.returncode is None:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(ctx.settings.heartbeat_seconds):
-                    await process.wait()
+        while not launched.done():
+            await launched.wait(ctx.settings.heartbeat_seconds)
             if SHUTTING_DOWN.is_set() and not handover.exists():
                 await asyncio.to_thread(handover.touch)  # the ranks stop at the next step end
-            if ctx.lost and process.returncode is None:
+            if ctx.lost and not launched.done():
                 # The ranks see it too (their watch); past a lease's time, they are stuck.
                 lost_at = lost_at or time.monotonic()
                 if time.monotonic() - lost_at > ctx.settings.lease_ttl_seconds:
-                    _kill(process.pid)
+                    launched.kill()
     finally:
-        if process.returncode is None:  # the worker's task itself was cancelled
-            _kill(process.pid)
-            await process.wait()
+        await launched.close()  # what is still running (the worker's task was cancelled)
     return await asyncio.to_thread(
-        outcome, folder, distributed.num_processes, process.returncode, ctx
+        outcome, folder, distributed.num_processes, launched.ended(), ctx, gone=launched.gone
     )
+
+
+class Launched(Protocol):
+    """A run's ranks, started: on this machine, or on a Ray cluster."""
+
+    gone: str | None
+    """Set when a machine of the ranks (or what holds them there) is gone: the attempt is
+    over, whatever the ranks managed to write."""
+
+    def done(self) -> bool: ...
+
+    async def wait(self, at_most: float) -> None:
+        """Until every rank has ended, or ``at_most`` seconds."""
+
+    def kill(self) -> None: ...
+
+    async def close(self) -> None:
+        """Kill what still runs, wait for it, and give back what the launch holds."""
+
+    def ended(self) -> str:
+        """How the launcher ended, for the worker's log and a dead rank's message."""
+
+
+class LocalRanks:
+    """The ranks under one ``accelerate launch`` on this machine, in a session of its own:
+    a signal to the worker's process group (a deploy's SIGTERM) reaches the worker, which
+    hands the run over at a step boundary, not the ranks."""
+
+    gone: str | None = None
+
+    def __init__(self, process: asyncio.subprocess.Process) -> None:
+        self.process = process
+
+    @classmethod
+    async def start(
+        cls, run_id: uuid.UUID, distributed: DistributedSettings, job: Path
+    ) -> LocalRanks:
+        command = launch_command(
+            job,
+            num_processes=distributed.num_processes,
+            config=distributed.accelerate_config,
+            port=free_port(),
+        )
+        log.info(
+            "run %s: launching %d ranks: %s", run_id, distributed.num_processes, " ".join(command)
+        )
+        return cls(await asyncio.create_subprocess_exec(*command, start_new_session=True))
+
+    def done(self) -> bool:
+        return self.process.returncode is not None
+
+    async def wait(self, at_most: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(at_most):
+                await self.process.wait()
+
+    def kill(self) -> None:
+        kill_session(self.process.pid)
+
+    async def close(self) -> None:
+        if not self.done():
+            self.kill()
+            await self.process.wait()
+
+    def ended(self) -> str:
+        return f"the launcher exited with {self.process.returncode}"
 
 
 def _fresh_folder(folder: Path, staging: Path) -> None:
@@ -212,21 +261,20 @@ def _write_private(path: Path, data: bytes) -> None:
         f.write(data)
 
 
-def _kill(pid: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
-
-
 _CLEAN = {"completed", "cancelled", "paused", "handover", "lost"}
 
 
-def outcome(folder: Path, world: int, returncode: int | None, ctx: RunContext) -> Path:
+def outcome(
+    folder: Path, world: int, ended: str, ctx: RunContext, *, gone: str | None = None
+) -> Path:
     """What the ranks' outcome files say, as a one-process training would have ended.
 
-    Rank 0 decides every clean end (completed, a stop, a handover, a lost lease). Otherwise
-    a rank with no outcome died without a word: :class:`RankDied`. Otherwise the first error
-    written is the cause (the others are ranks that lost their peer after it): an attempt
-    that ended (a vLLM server gone) ends this one too; any other error fails the run."""
+    Rank 0's completion is the final model. A machine ``gone`` (a Ray node, or its actor)
+    ends the attempt: :class:`RankDied`. Otherwise rank 0 decides every clean end (a stop, a
+    handover, a lost lease); a rank with no outcome died without a word: :class:`RankDied`.
+    Otherwise the first error written is the cause (the others are ranks that lost their
+    peer after it): an attempt that ended (a vLLM server gone) ends this one too; any other
+    error fails the run. ``ended``: how the launcher ended, for the messages."""
     said: dict[int, dict[str, Any]] = {}
     for rank in range(world):
         path = folder / f"outcome-{rank}.json"
@@ -236,13 +284,15 @@ def outcome(folder: Path, world: int, returncode: int | None, ctx: RunContext) -
     kind = zero.get("outcome")
     if kind == "completed":
         return Path(zero["final"])
+    if gone is not None:
+        raise RankDied(f"{gone} ({ended})")
     if kind in _CLEAN:
         raise_stop(kind, ctx)
     silent = [rank for rank in range(world) if rank not in said]
     if silent:
         raise RankDied(
-            f"rank {', '.join(map(str, silent))} of {world} died without an outcome (the "
-            f"launcher exited with {returncode}): killed or out of memory; see the worker's log"
+            f"rank {', '.join(map(str, silent))} of {world} died without an outcome ({ended}): "
+            "killed or out of memory; see the worker's log"
         )
     errors = sorted(
         (
@@ -261,7 +311,7 @@ def outcome(folder: Path, world: int, returncode: int | None, ctx: RunContext) -
         failure = RankFailed(f"rank {rank} of {world}: {first['error']}")
         failure.add_note(first.get("traceback", ""))
         raise failure
-    raise RankDied(f"the ranks were terminated (launcher exit {returncode}): {said}")
+    raise RankDied(f"the ranks were terminated ({ended}): {said}")
 
 
 # -- a rank's side --------------------------------------------------------------------------
@@ -271,7 +321,7 @@ class RankContext(RunContext):
 
     def __init__(self, runtime: Runtime, job: Job, handover: Path) -> None:
         super().__init__(runtime, job.run_id, job.fence)
-        self.worker_pid = job.worker_pid
+        self.worker_pid = int(os.environ.get(OWNER_PID, job.worker_pid))
         self.handover = handover
 
     async def lease_state(self) -> leases.LeaseState:

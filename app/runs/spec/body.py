@@ -202,13 +202,13 @@ class RunCreate(RequestModel):
     def _ranks(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
         # A field validator, so the problem names body.grpo (environment comes first).
         ranks = value.distributed.num_processes
-        if ranks == 1:
+        if not value.distributed.in_ranks:
             return value
         if info.data.get("environment") is not None:
             raise inconsistent(
-                "an agent run (environment) trains in one process: its episodes' tool state "
-                "lives in the rank that ran them, and rank 0 scores every group; set "
-                "grpo.distributed.num_processes to 1"
+                "an agent run (environment) trains in the worker's process: its episodes' "
+                "tool state lives in the rank that ran them, and rank 0 scores every group; "
+                "set grpo.distributed.num_processes to 1 (launcher local)"
             )
         rollouts = value.groups_per_step * info.data.get("rollouts_per_group", 1)
         split = ranks * value.gradient_accumulation_steps
@@ -256,10 +256,10 @@ class RunCreate(RequestModel):
         if value is not None and isinstance(info.data.get("environment"), GatewayEnvironment):
             raise inconsistent("a gateway run's policy is the user's agent: it cannot be a teacher")
         grpo = info.data.get("grpo")
-        if value is not None and grpo is not None and grpo.distributed.num_processes > 1:
+        if value is not None and grpo is not None and grpo.distributed.in_ranks:
             raise inconsistent(
-                "a teacher run trains in one process (its student is asked from the process "
-                "that scores): set grpo.distributed.num_processes to 1"
+                "a teacher run trains in the worker's process (its student is asked from the "
+                "process that scores): set grpo.distributed.num_processes to 1 (launcher local)"
             )
         return value
 

@@ -75,11 +75,37 @@ class DistributedSettings(RequestModel):
     num_processes: int = Field(
         default=1,
         ge=1,
+        le=512,
+        description="Training processes (ranks), one per GPU: above 1 they run under "
+        "`accelerate launch` (on a machine without GPUs: that many CPU processes on gloo). "
+        "Each rank generates and trains on its share of the step's rollouts; rank 0 scores "
+        "them all and writes to the database. At most 64 on one machine.",
+    )
+    launcher: Literal["local", "ray"] = Field(
+        default="local",
+        description="Where the ranks run: `local`, on the machine of the worker that holds "
+        "the run; `ray`, on the operator's Ray cluster (the worker's TRAINYARD_RAY_ADDRESS), "
+        "spread over `num_nodes` nodes, one `accelerate launch` per node (docs/scaling.md).",
+    )
+    num_nodes: int = Field(
+        default=1,
+        ge=1,
         le=64,
-        description="Training processes (ranks) on the worker, one per GPU: above 1 the "
-        "worker runs the training under `accelerate launch` (on a machine without GPUs: "
-        "that many CPU processes on gloo). Each rank generates and trains on its share of "
-        "the step's rollouts; rank 0 scores them all and writes to the database.",
+        description="Ray only: the nodes the ranks are spread over, one node each (Ray's "
+        "STRICT_SPREAD), num_processes / num_nodes ranks on each.",
+    )
+    gpus_per_process: int | None = Field(
+        default=None,
+        ge=0,
+        le=8,
+        description="Ray only: the GPUs each rank reserves; unset: 1 where the cluster has "
+        "GPUs, none where it has not.",
+    )
+    cpus_per_process: int = Field(
+        default=1,
+        ge=1,
+        le=256,
+        description="Ray only: the CPUs each rank reserves.",
     )
     accelerate_config: Literal["ddp", "zero2", "zero3", "zero3-offload"] = Field(
         default="ddp",
@@ -87,6 +113,41 @@ class DistributedSettings(RequestModel):
         "configs/accelerate/: DDP, DeepSpeed ZeRO-2, ZeRO-3, or ZeRO-3 with the optimizer "
         "and parameters offloaded to CPU memory (DeepSpeed: the `gpu` extra, on GPUs).",
     )
+
+    @property
+    def in_ranks(self) -> bool:
+        """Trained by rank processes the worker starts, not in the worker itself: several,
+        or any number on a Ray cluster."""
+        return self.num_processes > 1 or self.launcher == "ray"
+
+    @property
+    def processes_per_node(self) -> int:
+        return self.num_processes // self.num_nodes
+
+    @model_validator(mode="after")
+    def _placement(self) -> DistributedSettings:
+        if self.launcher == "local":
+            # Not left at their defaults (a client may send back what it was served).
+            changed = {
+                "num_nodes": self.num_nodes != 1,
+                "gpus_per_process": self.gpus_per_process is not None,
+                "cpus_per_process": self.cpus_per_process != 1,
+            }
+            if named := [name for name, differs in changed.items() if differs]:
+                raise inconsistent(
+                    f"{', '.join(named)}: Ray only; the local launcher runs every rank on the "
+                    "worker's machine, one per GPU (set launcher: ray)"
+                )
+            if self.num_processes > 64:
+                raise inconsistent(
+                    "num_processes: at most 64 on one machine; more need launcher: ray"
+                )
+        elif self.num_processes % self.num_nodes:
+            raise inconsistent(
+                f"num_processes ({self.num_processes}) must split evenly over num_nodes "
+                f"({self.num_nodes}): the same number of ranks on every node"
+            )
+        return self
 
 
 class GrpoSettings(RequestModel):

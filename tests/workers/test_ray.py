@@ -1,0 +1,259 @@
+"""Runs whose ranks Ray places (``grpo.distributed.launcher: ray``), on a real Ray cluster of
+two nodes of one CPU each that the tests start on this machine
+(``ray.cluster_utils.Cluster``), real TRL on the tiny model, gloo across the nodes: one rank
+per node, one row per rollout, a node removed mid-run, a worker SIGKILLed, a cancel, a
+cluster that cannot place the run, and nothing left on the cluster after any of them."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import statistics
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.runs import events, get_run, series, trajectory_keys, wait_for
+from tests.support.workers import letter_rows, letters_run, rank_pids
+
+pytestmark = pytest.mark.ray
+
+ON_RAY = {"distributed": {"launcher": "ray", "num_processes": 2, "num_nodes": 2}}
+ENDED = {"completed", "failed", "cancelled", "paused"}
+
+
+class TwoNodes:
+    """The cluster, and the test process as one of its drivers (to read what it holds)."""
+
+    def __init__(self) -> None:
+        import ray
+        from ray.cluster_utils import Cluster
+
+        self.cluster = Cluster(
+            initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+        )
+        self.node = self.cluster.add_node(num_cpus=1)  # the one a test may take away
+        self.cluster.wait_for_nodes()
+        ray.init(address=self.cluster.address, namespace="tests")
+
+    @property
+    def address(self) -> str:
+        return str(self.cluster.address)
+
+    def replace_node(self) -> None:
+        """The non-head node lost as a machine is: its raylet and every process under it
+        (actors, their launchers and ranks) SIGKILLed at once; another node in its place
+        (as an autoscaler would bring)."""
+        import psutil
+
+        (raylet,) = self.node.all_processes["raylet"]
+        root = psutil.Process(raylet.process.pid)
+        for process in [root, *root.children(recursive=True)]:
+            process.kill()
+        self.cluster.remove_node(self.node, allow_graceful=False)
+        self.node = self.cluster.add_node(num_cpus=1)
+        self.cluster.wait_for_nodes()
+
+    async def idle(self, within: float = 60) -> None:
+        """Every CPU free and no placement group left: no actor, no group of a run remains."""
+        import ray
+        from ray.util import placement_group_table
+
+        deadline = time.monotonic() + within
+        while True:
+            groups = [g for g in placement_group_table().values() if g["state"] != "REMOVED"]
+            free = ray.available_resources().get("CPU", 0)
+            if not groups and free == ray.cluster_resources().get("CPU"):
+                return
+            assert time.monotonic() < deadline, (groups, ray.available_resources())
+            await asyncio.sleep(0.2)
+
+    def shutdown(self) -> None:
+        import ray
+
+        ray.shutdown()
+        self.cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def two_nodes() -> Iterator[TwoNodes]:
+    cluster = TwoNodes()
+    yield cluster
+    cluster.shutdown()
+
+
+@pytest.fixture
+def ray_worker(start_worker: Any, worker_home: dict[str, str], two_nodes: TwoNodes) -> Any:
+    def _start(**env: str) -> Any:
+        return start_worker(**worker_home, TRAINYARD_RAY_ADDRESS=two_nodes.address, **env)
+
+    return _start
+
+
+async def _finished(sessionmaker: Any, run_id: str, within: float = 400) -> Any:
+    return await wait_for(sessionmaker, run_id, lambda r: r.status in ENDED, within=within)
+
+
+async def _gone(pids: dict[int, int], within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    while any(Path(f"/proc/{pid}").exists() for pid in pids.values()):
+        assert time.monotonic() < deadline, f"ranks still running: {pids}"
+        await asyncio.sleep(0.1)
+
+
+async def test_two_ranks_on_two_nodes_train_a_run_with_one_row_per_rollout(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    worker = ray_worker()
+    inputs = [
+        *letters_run(tiny_model)["inputs"],
+        {"input_text": "Hum.", "split": "validation"},
+        {"input_text": "Whisper.", "split": "validation"},
+    ]
+    body = letters_run(tiny_model, max_steps=4, inputs=inputs, grpo={"save_steps": 2, **ON_RAY})
+    created = await client.post("/runs", json=body, headers=tenant.headers)
+    assert created.status_code == 202, created.text
+    run_id = created.json()["id"]
+    done = await _finished(sessionmaker, run_id)
+    assert done.status == "completed", (done.error, worker.output()[-4000:])
+    assert done.step == 4 and done.failures == 0
+    # Rank 0 gathered the other node's rollouts: each stored once, in the plan's order.
+    assert await trajectory_keys(sessionmaker, run_id) == letter_rows(4)
+    kinds = [e.type for e in await events(sessionmaker, run_id)]
+    assert kinds.count("checkpoint") == 2 and kinds.count("step") == 4
+    assert kinds.count("eval") == 3  # the base model, steps 2 and 4
+    (done_event,) = [e for e in await events(sessionmaker, run_id) if e.data.get("final_model")]
+    assert (Path(done_event.data["final_model"]) / "config.json").is_file()
+    assert "rank(s) on Ray node(s)" in worker.output()
+    await two_nodes.idle()
+
+
+async def test_on_two_ray_nodes_a_run_learns_like_on_one_rank(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    """Seeds 1 and 2, a global batch of 2 groups x 8 rollouts, in the worker (one rank) and
+    on two Ray nodes: both learn to say "a" and end up alike (the bound of test_ranks.py's
+    same test under accelerate: a rank samples with a seed of its own)."""
+    ray_worker()
+    first: dict[str, list[float]] = {"local": [], "ray": []}
+    last: dict[str, list[float]] = {"local": [], "ray": []}
+    for seed in (1, 2):
+        for where, distributed in (("local", {}), ("ray", ON_RAY)):
+            spec = {"seed": seed, "save_steps": 100, **distributed}
+            body = letters_run(tiny_model, max_steps=40, grpo=spec)
+            created = await client.post("/runs", json=body, headers=tenant.headers)
+            done = await _finished(sessionmaker, created.json()["id"])
+            assert done.status == "completed", done.error
+            curve = [v for _, v in await series(sessionmaker, str(done.id), "reward_mean")]
+            assert len(curve) == 40
+            first[where].append(statistics.fmean(curve[:10]))
+            last[where].append(statistics.fmean(curve[-10:]))
+    print(f"first 10 steps: {first}; last 10: {last}")
+    for where in first:
+        assert statistics.fmean(last[where]) - statistics.fmean(first[where]) >= 0.3
+    assert abs(statistics.fmean(last["local"]) - statistics.fmean(last["ray"])) <= 0.3, last
+
+
+async def test_a_node_removed_mid_run_ends_the_attempt_and_the_run_resumes(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    worker = ray_worker()
+    body = letters_run(tiny_model, max_steps=12, grpo={"save_steps": 2, **ON_RAY})
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    await wait_for(sessionmaker, run_id, lambda r: r.step >= 3, within=300)
+    ranks = rank_pids(run_id)
+    assert set(ranks) == {0, 1}, ranks
+    two_nodes.replace_node()
+    await _gone(ranks, within=90)  # the other node's rank stopped once Ray saw the loss
+    done = await _finished(sessionmaker, run_id)
+    assert done.status == "completed", (done.error, worker.output()[-4000:])
+    seen = await events(sessionmaker, run_id)
+    assert done.failures == 1
+    (ended,) = [e for e in seen if e.type == "attempt_ended"]
+    assert "Ray node" in ended.message and "is gone" in ended.message, ended.message
+    (resumed,) = [e for e in seen if e.type == "resume"]
+    assert resumed.data["step"] >= 2
+    # Steps redone after the resume are stored once each: one row per rollout.
+    assert await trajectory_keys(sessionmaker, run_id) == letter_rows(12)
+    await two_nodes.idle()
+
+
+async def test_a_worker_sigkilled_leaves_nothing_on_the_cluster(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    """Ray ties the actors and the placement group to the worker that made them: killed,
+    it takes them with it, and their ranks stop; another worker resumes the run."""
+    first = ray_worker()
+    body = letters_run(tiny_model, max_steps=6, grpo={"save_steps": 2, **ON_RAY})
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    await wait_for(sessionmaker, run_id, lambda r: r.step >= 3, within=300)
+    ranks = rank_pids(run_id)
+    first.kill(signal.SIGKILL)
+    await _gone(ranks)
+    await two_nodes.idle()  # before any other worker touched the run
+    second = ray_worker()
+    done = await _finished(sessionmaker, run_id)
+    assert done.status == "completed", (done.error, second.output()[-4000:])
+    assert done.failures == 1
+    (resumed,) = [e for e in await events(sessionmaker, run_id) if e.type == "resume"]
+    assert resumed.data["step"] >= 2
+    assert await trajectory_keys(sessionmaker, run_id) == letter_rows(6)
+    await two_nodes.idle()
+
+
+async def test_a_cancel_reaches_the_ranks_on_both_nodes(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    worker = ray_worker()
+    body = letters_run(tiny_model, max_steps=200, grpo={"save_steps": 100, **ON_RAY})
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    await wait_for(sessionmaker, run_id, lambda r: r.step >= 2, within=300)
+    ranks = rank_pids(run_id)
+    assert set(ranks) == {0, 1}, ranks
+    cancelled = await client.post(f"/runs/{run_id}/cancel", headers=tenant.headers)
+    assert cancelled.status_code == 200, cancelled.text
+    done = await _finished(sessionmaker, run_id, within=60)
+    assert done.status == "cancelled", (done.status, done.error, worker.output()[-3000:])
+    await _gone(ranks, within=10)
+    await two_nodes.idle()
+
+
+async def test_a_run_the_cluster_cannot_place_ends_its_attempt_saying_why(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    ray_worker(TRAINYARD_RAY_PLACEMENT_TIMEOUT_SECONDS="3")
+    three = {"distributed": {"launcher": "ray", "num_processes": 3, "num_nodes": 3}}
+    body = letters_run(tiny_model, max_steps=4, rollouts_per_group=6, grpo=three)
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    ended = await _event(sessionmaker, run_id, "attempt_ended")
+    assert "did not place 3 node(s) x {CPU: 1} (STRICT_SPREAD) in 3 s" in ended.message
+    assert ended.message.count("CPU: 1") == 3, ended.message  # the two nodes it has
+    await two_nodes.idle()  # the group it asked for is not left waiting
+    cancelled = await client.post(f"/runs/{run_id}/cancel", headers=tenant.headers)
+    assert cancelled.status_code == 200, cancelled.text
+    assert (await _finished(sessionmaker, run_id, within=60)).status == "cancelled"
+
+
+async def test_a_worker_without_a_cluster_fails_the_run_saying_so(
+    client, tenant, sessionmaker, start_worker, worker_home, tiny_model
+) -> None:
+    start_worker(**worker_home)  # no TRAINYARD_RAY_ADDRESS
+    body = letters_run(tiny_model, max_steps=2, grpo=ON_RAY)
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    done = await _finished(sessionmaker, run_id, within=120)
+    assert done.status == "failed"
+    assert "no Ray cluster: set TRAINYARD_RAY_ADDRESS" in (done.error or ""), done.error
+    assert (await get_run(sessionmaker, run_id)).step == 0
+
+
+async def _event(sessionmaker: Any, run_id: str, kind: str, within: float = 120) -> Any:
+    deadline = time.monotonic() + within
+    while True:
+        found = [e for e in await events(sessionmaker, run_id) if e.type == kind]
+        if found:
+            return found[0]
+        assert time.monotonic() < deadline, [e.type for e in await events(sessionmaker, run_id)]
+        await asyncio.sleep(0.2)
