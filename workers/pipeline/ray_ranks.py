@@ -24,6 +24,7 @@ import os
 import socket
 import subprocess
 import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -169,11 +170,13 @@ class RayRanks:
         if gpus:
             bundle["GPU"] = float(gpus * per_node)
         strategy = "STRICT_SPREAD" if nodes > 1 else "PACK"
+        began = time.monotonic()
         group = placement_group([bundle] * nodes, strategy=strategy, name=name)
         ranks = cls(group, [], [])
         try:
             try:
                 ray.get(group.ready(), timeout=settings.ray_placement_timeout_seconds)
+                placed = time.monotonic()
             except ray.exceptions.GetTimeoutError:
                 raise PlacementFailed(
                     f"the Ray cluster did not place {nodes} node(s) x {_resources(bundle)} "
@@ -216,11 +219,14 @@ class RayRanks:
             ranks._release()
             raise
         log.info(
-            "run %s: %d rank(s) on Ray node(s) %s (%s each)",
+            "run %s: %d rank(s) on Ray node(s) %s (%s each): placed in %.2f s, actors ready "
+            "in %.2f s more",
             run_id,
             distributed.num_processes,
             ", ".join(p["ip"] for p in ranks.places),
             _resources(bundle),
+            placed - began,
+            time.monotonic() - placed,
         )
         return ranks
 
