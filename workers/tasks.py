@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 
 from celery.signals import (
@@ -69,6 +70,16 @@ def _hand_over_runs(how: str = "Warm", **_: object) -> None:
 def _stop_maintenance(**_: object) -> None:
     if _maintenance is not None:
         _maintenance.stop()
+
+
+@worker_shutdown.connect
+def _leave_ray(**_: object) -> None:
+    """A worker that placed ranks on a Ray cluster leaves it as a driver before it exits:
+    left connected, Ray's core worker aborts the process at the interpreter's exit."""
+    if "ray" in sys.modules:
+        from workers.pipeline.ray_ranks import disconnect
+
+        disconnect()
 
 
 @worker_process_init.connect

@@ -7,8 +7,13 @@ cluster that cannot place the run, and nothing left on the cluster after any of 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import re
+import shlex
 import signal
 import statistics
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +74,15 @@ class TwoNodes:
             if not groups and free == ray.cluster_resources().get("CPU"):
                 return
             assert time.monotonic() < deadline, (groups, ray.available_resources())
+            await asyncio.sleep(0.2)
+
+    async def nodes(self, count: int, within: float = 90) -> None:
+        """Until the cluster has ``count`` nodes alive."""
+        import ray
+
+        deadline = time.monotonic() + within
+        while sum(1 for n in ray.nodes() if n["Alive"]) != count:
+            assert time.monotonic() < deadline, ray.nodes()
             await asyncio.sleep(0.2)
 
     def shutdown(self) -> None:
@@ -221,6 +235,46 @@ async def test_a_cancel_reaches_the_ranks_on_both_nodes(
     await two_nodes.idle()
 
 
+async def test_a_pause_and_a_handover_reach_the_ranks_on_both_nodes(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
+) -> None:
+    """A pause checkpoints on every rank and frees the cluster; the resumed run is placed
+    again. A worker's SIGTERM (a deploy) asks the ranks to hand over at the next step end,
+    through the run's folder every node sees; the other worker goes on from there."""
+    env = {"TRAINYARD_REDISPATCH_SECONDS": "600"}
+    workers = [ray_worker(**env), ray_worker(**env)]
+    body = letters_run(tiny_model, max_steps=60, grpo={"save_steps": 100, **ON_RAY})
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    await wait_for(sessionmaker, run_id, lambda r: r.step >= 2, within=300)
+    paused = await client.post(f"/runs/{run_id}/pause", headers=tenant.headers)
+    assert paused.status_code == 200, paused.text
+    stopped = await _finished(sessionmaker, run_id, within=120)
+    assert stopped.status == "paused", (stopped.status, stopped.error)
+    await two_nodes.idle()
+    resumed = await client.post(f"/runs/{run_id}/resume", headers=tenant.headers)
+    assert resumed.status_code == 200, resumed.text
+    held = await wait_for(
+        sessionmaker,
+        run_id,
+        lambda r: r.step >= stopped.step + 2 and r.lease_owner is not None,
+        within=300,
+    )
+    owner = next(w for w in workers if held.lease_owner.endswith(f":{w.proc.pid}"))
+    # Waits for the worker to exit. Its exit status is not checked: a worker that drove a
+    # run on Ray exits with SIGABRT after its warm shutdown (Ray's core worker at exit; a
+    # known gap, issue 25's note), though the handover itself completes as below.
+    owner.kill(signal.SIGTERM)
+    done = await _finished(sessionmaker, run_id)
+    assert done.status == "completed", done.error
+    assert done.failures == 0
+    seen = await events(sessionmaker, run_id)
+    resumes = [e.data["step"] for e in seen if e.type == "resume"]
+    (handover,) = [e for e in seen if e.type == "handover"]
+    assert resumes == [stopped.step, handover.data["step"]], resumes
+    assert await trajectory_keys(sessionmaker, run_id) == letter_rows(60)
+    await two_nodes.idle()
+
+
 async def test_a_run_the_cluster_cannot_place_ends_its_attempt_saying_why(
     client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes
 ) -> None:
@@ -247,6 +301,43 @@ async def test_a_worker_without_a_cluster_fails_the_run_saying_so(
     assert done.status == "failed"
     assert "no Ray cluster: set TRAINYARD_RAY_ADDRESS" in (done.error or ""), done.error
     assert (await get_run(sessionmaker, run_id)).step == 0
+
+
+async def test_a_node_that_does_not_see_the_runs_folder_fails_the_run_naming_it(
+    client, tenant, sessionmaker, ray_worker, tiny_model, two_nodes, worker_home
+) -> None:
+    """A third node in a mount namespace of its own, an empty tmpfs over the worker's home:
+    a machine that does not mount the artifacts folder. Run on all three nodes, the run fails
+    before any step, naming the node, and leaves nothing placed."""
+    home = Path(worker_home["TRAINYARD_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    ray = Path(sys.executable).parent / "ray"
+    start = f"{ray} start --address={two_nodes.address} --num-cpus=1 --block"
+    script = f"mount -t tmpfs none {shlex.quote(str(home))} && exec {start}"
+    probe = await asyncio.create_subprocess_exec("unshare", "-m", "true")
+    if await probe.wait():
+        pytest.skip("unshare -m (a mount namespace) needs CAP_SYS_ADMIN here")
+    blind = await asyncio.create_subprocess_exec(
+        "unshare", "-m", "sh", "-c", script, start_new_session=True
+    )
+    try:
+        await two_nodes.nodes(3)
+        ray_worker()
+        three = {"distributed": {"launcher": "ray", "num_processes": 3, "num_nodes": 3}}
+        body = letters_run(tiny_model, max_steps=4, rollouts_per_group=6, grpo=three)
+        run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+        done = await _finished(sessionmaker, run_id, within=120)
+        assert done.status == "failed", (done.status, done.error)
+        blind_nodes = r"FolderNotShared: Ray node\(s\) (.+?) do not see the run's folder"
+        named = re.search(blind_nodes, done.error or "")
+        assert named and "," not in named[1], done.error  # the one blind node
+        assert done.step == 0
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(blind.pid, signal.SIGTERM)
+        await asyncio.wait_for(blind.wait(), 60)
+    await two_nodes.nodes(2)
+    await two_nodes.idle()
 
 
 async def _event(sessionmaker: Any, run_id: str, kind: str, within: float = 120) -> Any:

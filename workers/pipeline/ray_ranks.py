@@ -40,6 +40,8 @@ NAMESPACE = "trainyard"
 # A file the worker writes into the run's folder and every node's actor reads back.
 FOLDER_CHECK = "nodes-see-this"
 CONNECT_SECONDS = 10.0
+# How long the worker waits for killed launchers to return before it kills their actors.
+STOP_SECONDS = 30.0
 _connecting = threading.Lock()
 
 
@@ -84,6 +86,14 @@ def connect(address: str) -> None:
                 f"the Ray cluster at {address} (TRAINYARD_RAY_ADDRESS) is not reachable: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
+
+
+def disconnect() -> None:
+    import ray
+
+    with _connecting:
+        if ray.is_initialized():
+            ray.shutdown()
 
 
 class RankHost:
@@ -196,7 +206,16 @@ class RayRanks:
             ]
             check, token = job.parent / FOLDER_CHECK, uuid.uuid4().hex
             check.write_text(token)
-            ranks.places = ray.get([h.where.remote(str(check), token) for h in ranks.hosts])
+            try:
+                ranks.places = ray.get(
+                    [h.where.remote(str(check), token) for h in ranks.hosts],
+                    timeout=settings.ray_placement_timeout_seconds,
+                )
+            except ray.exceptions.GetTimeoutError:
+                raise PlacementFailed(
+                    f"the ranks' actors did not start on the placed nodes in "
+                    f"{settings.ray_placement_timeout_seconds:g} s (their nodes: {_nodes()})"
+                ) from None
             blind = [p for p in ranks.places if not p["sees"]]
             if blind:
                 raise FolderNotShared(
@@ -263,7 +282,9 @@ class RayRanks:
     def _close(self) -> None:
         if self.running:
             self.kill()
-            self._wait(30.0)
+            deadline = time.monotonic() + STOP_SECONDS
+            while self.running and time.monotonic() < deadline:
+                self._wait(deadline - time.monotonic())
         self._release()
 
     def _release(self) -> None:
