@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import statistics
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,6 +24,7 @@ from app.runs.models import Run
 from app.runs.repository import insert_run
 from app.runs.spec.body import RunCreate
 from app.trajectories.models import Trajectory
+from tests.support.workers import letters_run
 
 Maker = async_sessionmaker[AsyncSession]
 
@@ -148,6 +151,16 @@ async def wait_for(
         await asyncio.sleep(every)
 
 
+async def finished(maker: Maker, run_id: str, within: float = 400) -> Run:
+    """The run once it has stopped: completed, failed, cancelled or paused."""
+    return await wait_for(
+        maker,
+        run_id,
+        lambda r: r.status in {"completed", "failed", "cancelled", "paused"},
+        within=within,
+    )
+
+
 async def events(maker: Maker, run_id: str) -> list[RunEvent]:
     """The run's events, oldest first."""
     async with maker() as s:
@@ -187,3 +200,30 @@ async def series(maker: Maker, run_id: str, name: str) -> list[tuple[int, float]
             .order_by(MetricPoint.step)
         )
         return [(step, value) for step, value in rows]
+
+
+async def learning(
+    client: Any,
+    tenant: Any,
+    maker: Maker,
+    model: Path,
+    grpo_by_label: dict[Any, dict[str, Any]],
+    seeds: tuple[int, ...] = (1, 2),
+    steps: int = 40,
+) -> tuple[dict[Any, list[float]], dict[Any, list[float]]]:
+    """The letters run on ``model`` once per seed and configuration (its ``grpo`` merged in),
+    each completed: the mean reward of its first and of its last 10 steps, by label."""
+    first: dict[Any, list[float]] = {label: [] for label in grpo_by_label}
+    last: dict[Any, list[float]] = {label: [] for label in grpo_by_label}
+    for seed in seeds:
+        for label, grpo in grpo_by_label.items():
+            body = letters_run(model, max_steps=steps, grpo={"seed": seed, **grpo})
+            created = await client.post("/runs", json=body, headers=tenant.headers)
+            done = await finished(maker, created.json()["id"])
+            assert done.status == "completed", done.error
+            curve = [v for _, v in await series(maker, str(done.id), "reward_mean")]
+            assert len(curve) == steps
+            first[label].append(statistics.fmean(curve[:10]))
+            last[label].append(statistics.fmean(curve[-10:]))
+    print(f"first 10 steps: {first}; last 10: {last}")
+    return first, last

@@ -14,21 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.support.runs import events, get_run, series, trajectory_keys, wait_for
+from tests.support.runs import events, finished, get_run, learning, trajectory_keys, wait_for
 from tests.support.workers import letter_rows, letters_run, rank_pids
 
 pytestmark = pytest.mark.ranks
 
 TWO_RANKS = {"distributed": {"num_processes": 2}}
-
-
-async def _finished(sessionmaker: Any, run_id: str, within: float = 400) -> Any:
-    return await wait_for(
-        sessionmaker,
-        run_id,
-        lambda r: r.status in {"completed", "failed", "cancelled", "paused"},
-        within=within,
-    )
 
 
 async def _metric_names(sessionmaker: Any, run_id: str) -> set[str]:
@@ -61,7 +52,7 @@ async def test_two_ranks_train_a_run_with_one_row_per_rollout(
         assert created.status_code == 202, created.text
         ids.append(created.json()["id"])
     for run_id in ids:
-        done = await _finished(sessionmaker, run_id)
+        done = await finished(sessionmaker, run_id)
         assert done.status == "completed", done.error
     single, double = ids
     # Rank 0 gathered every rank's rollouts: each stored once, in the plan's order.
@@ -87,7 +78,7 @@ async def test_a_cancel_reaches_every_rank(
     assert set(ranks) == {0, 1}, ranks
     cancelled = await client.post(f"/runs/{run_id}/cancel", headers=tenant.headers)
     assert cancelled.status_code == 200, cancelled.text
-    done = await _finished(sessionmaker, run_id, within=60)
+    done = await finished(sessionmaker, run_id, within=60)
     assert done.status == "cancelled", (done.status, done.error)
     for pid in ranks.values():  # no rank left behind
         for _ in range(200):
@@ -106,7 +97,7 @@ async def test_a_rank_that_dies_ends_the_attempt_and_the_run_resumes(
     await wait_for(sessionmaker, run_id, lambda r: r.step >= 3, within=300)
     ranks = rank_pids(run_id)
     os.kill(ranks[1], signal.SIGKILL)  # rank 1 only: out of memory, say
-    done = await _finished(sessionmaker, run_id)
+    done = await finished(sessionmaker, run_id)
     assert done.status == "completed", done.error
     assert done.failures == 1
     seen = await events(sessionmaker, run_id)
@@ -135,7 +126,7 @@ async def test_sigterm_hands_a_ranked_run_over_at_a_checkpoint(
     owner.kill(signal.SIGTERM)  # waits for the worker to exit
     assert owner.proc.returncode == 0, owner.output()[-3000:]
     assert all(not Path(f"/proc/{pid}").exists() for pid in ranks.values())
-    done = await _finished(sessionmaker, run_id)
+    done = await finished(sessionmaker, run_id)
     assert done.status == "completed", done.error
     assert done.failures == 0 and done.attempt == 2
     seen = await events(sessionmaker, run_id)
@@ -154,11 +145,11 @@ async def test_a_pause_stops_every_rank_after_a_checkpoint_and_resume_goes_on(
     await wait_for(sessionmaker, run_id, lambda r: r.step >= 2, within=300)
     paused = await client.post(f"/runs/{run_id}/pause", headers=tenant.headers)
     assert paused.status_code == 200, paused.text
-    stopped = await _finished(sessionmaker, run_id, within=120)
+    stopped = await finished(sessionmaker, run_id, within=120)
     assert stopped.status == "paused", (stopped.status, stopped.error)
     resumed = await client.post(f"/runs/{run_id}/resume", headers=tenant.headers)
     assert resumed.status_code == 200, resumed.text
-    done = await _finished(sessionmaker, run_id)
+    done = await finished(sessionmaker, run_id)
     assert done.status == "completed", done.error
     (resume,) = [e for e in await events(sessionmaker, run_id) if e.type == "resume"]
     assert resume.data["step"] == stopped.step
@@ -173,20 +164,8 @@ async def test_with_the_same_global_batch_two_ranks_learn_like_one(
     the curves are alike, not equal: over 5 seeds the last 10 steps' mean reward is 0.87
     (sd 0.07) on 1 rank and 0.89 on 2 (`bench/scaling.py ranks`); the bound here is 4 sd."""
     start_worker(**worker_home)
-    first: dict[int, list[float]] = {1: [], 2: []}
-    last: dict[int, list[float]] = {1: [], 2: []}
-    for seed in (1, 2):
-        for ranks in (1, 2):
-            spec = {"seed": seed, "save_steps": 100, "distributed": {"num_processes": ranks}}
-            body = letters_run(tiny_model, max_steps=40, grpo=spec)
-            created = await client.post("/runs", json=body, headers=tenant.headers)
-            done = await _finished(sessionmaker, created.json()["id"])
-            assert done.status == "completed", done.error
-            curve = [v for _, v in await series(sessionmaker, str(done.id), "reward_mean")]
-            assert len(curve) == 40
-            first[ranks].append(statistics.fmean(curve[:10]))
-            last[ranks].append(statistics.fmean(curve[-10:]))
-    print(f"first 10 steps: {first}; last 10: {last}")
+    configs = {n: {"save_steps": 100, "distributed": {"num_processes": n}} for n in (1, 2)}
+    first, last = await learning(client, tenant, sessionmaker, tiny_model, configs)
     for ranks in (1, 2):
         assert statistics.fmean(last[ranks]) - statistics.fmean(first[ranks]) >= 0.3
     assert abs(statistics.fmean(last[1]) - statistics.fmean(last[2])) <= 0.3, last
