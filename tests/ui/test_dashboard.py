@@ -178,6 +178,13 @@ async def test_a_training_run_moves_on_screen_without_reload(
     assert await page.page.evaluate("window.__sameDocument === true")
     # The stream delivers the last steps' metrics; wait for the last one to be drawn.
     await page.until("() => window.trainyard.charts['run:reward'].data[0].at(-1) === 24", within=30)
+    # The last evaluation (step 24) is logged after step 24's training metrics: its `eval`
+    # event (or the stream's `end`) fetches it in a read of its own, which may land later.
+    await page.until(
+        "() => ['eval_reward', 'eval_metric/length_target'].every("
+        "(n) => window.trainyard.run.store.get(n)?.steps.at(-1) === 24)",
+        within=30,
+    )
     final = await _chart(page, "run:reward")
     assert len(final[0]) > len(early[0])
     assert await page.page.inner_text("#run-step") == "24/24"
