@@ -25,6 +25,9 @@ docs/security.md has the format with an example; ``configs/catalog.example.yaml`
       rollouts:
         description: The rollout fleet (Qwen2.5-7B-Instruct, LoRA enabled)
         urls: [http://vllm-0.internal:8000, http://vllm-1.internal:8000]
+      placed:
+        description: vLLM servers Ray starts for each run (grpo.num_vllm_servers)
+        ray: {command: [vllm, serve], args: [--max-model-len, "8192"], max_servers: 4}
     harnesses:
       sandbox-agent:
         description: The coding agent's harness (gateway runs in push mode)
@@ -39,10 +42,17 @@ from __future__ import annotations
 import posixpath
 import re
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app.core.storable import HTTP_URL_PATTERN
 
@@ -81,12 +91,11 @@ class McpServer(_Entry):
         default_factory=dict, description="Environment variables of a stdio server."
     )
 
-    @field_validator("url")
-    @classmethod
-    def _command_or_url(cls, value: str | None, info: Any) -> str | None:
-        if (info.data.get("command") is None) == (value is None):
+    @model_validator(mode="after")  # after: it runs when neither is given too
+    def _command_or_url(self) -> McpServer:
+        if (self.command is None) == (self.url is None):
             raise ValueError("give exactly one of command and url")
-        return value
+        return self
 
 
 class ImportPrefix(_Entry):
@@ -124,10 +133,51 @@ class Harness(_Entry):
     url: Url
 
 
-class VllmServers(_Entry):
-    """A fleet of vLLM servers a run's rollouts may use (``grpo.vllm_servers: NAME``)."""
+class RayPlacedVllm(BaseModel):
+    """vLLM servers that Ray starts for each run that names the fleet, on the cluster of
+    ``TRAINYARD_RAY_ADDRESS``, and stops with the run's attempt
+    (workers/pipeline/ray_servers.py). The command is the operator's; the worker adds the
+    run's model, the node's address and port, and LoRA loading at runtime."""
 
-    urls: list[Url] = Field(min_length=1, max_length=64)
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: list[Annotated[str, Field(min_length=1)]] = Field(
+        min_length=1,
+        description="The vLLM OpenAI server as the nodes run it: [vllm, serve] or [/opt/vllm/"
+        "bin/python, -m, vllm.entrypoints.openai.api_server]. The worker appends --model, "
+        "--host, --port, --enable-lora, --max-lora-rank and --max-loras, then args.",
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="More of the server's flags, after the worker's (--max-model-len, --dtype).",
+    )
+    env: dict[Annotated[str, Field(pattern=_ENV_NAME)], str] = Field(default_factory=dict)
+    max_servers: int = Field(
+        default=8, ge=1, le=64, description="The most servers one run may ask for."
+    )
+    gpus_per_server: int = Field(default=1, ge=0, le=64, description="0: CPU servers.")
+    cpus_per_server: int = Field(default=1, ge=1, le=1024)
+    startup_timeout_seconds: float = Field(
+        default=600,
+        gt=0,
+        le=7200,
+        description="Longest wait, once placed, for a server's actor to start and the server to "
+        "answer /health.",
+    )
+
+
+class VllmServers(_Entry):
+    """A fleet of vLLM servers a run's rollouts may use (``grpo.vllm_servers: NAME``): the
+    servers a team runs (``urls``), or servers Ray places for each run (``ray``)."""
+
+    urls: list[Url] | None = Field(default=None, min_length=1, max_length=64)
+    ray: RayPlacedVllm | None = None
+
+    @model_validator(mode="after")
+    def _urls_or_ray(self) -> VllmServers:
+        if (self.urls is None) == (self.ray is None):
+            raise ValueError("give exactly one of urls and ray")
+        return self
 
 
 class Models(BaseModel):

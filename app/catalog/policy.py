@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from app.catalog.models import Catalog, load_catalog
+from app.catalog.models import Catalog, RayPlacedVllm, load_catalog
 from app.core.domain import InvalidInput
 from app.core.errors import NOT_IN_CATALOG
 from app.core.settings import Settings
@@ -42,7 +42,7 @@ Mode = Literal["open", "catalog"]
 #: folders: all that :meth:`CodePolicy.refusals` reads (and :meth:`~CodePolicy.resolve` may
 #: change); of ``grpo``, only :data:`GRPO_NAMING`.
 NAMING = ("model_name", "environment", "reward", "generator", "teacher", "grpo")
-GRPO_NAMING = ("vllm_server_url", "vllm_servers", "lora", "eval_metrics")
+GRPO_NAMING = ("vllm_server_url", "vllm_servers", "num_vllm_servers", "lora", "eval_metrics")
 
 
 @dataclass(frozen=True)
@@ -254,10 +254,31 @@ class CodePolicy:
                     "grpo.vllm_servers",
                     f"no vLLM servers {name!r} in the catalog (it has: {_listed(fleets)})",
                 )
-            elif grpo.get("lora") is None and len(fleet.urls) > 1:
+            elif fleet.ray is not None:
+                asked = grpo.get("num_vllm_servers") or 1
+                if grpo.get("lora") is None:
+                    yield Refusal(
+                        "grpo.vllm_servers",
+                        f"{name!r} is vLLM servers Ray places for each run, which load the "
+                        "run's LoRA adapter every step: train a LoRA adapter (grpo.lora); a "
+                        "full fine-tune syncs its weights over NCCL into one `trl vllm-serve` "
+                        "server of its own, which Trainyard does not place",
+                    )
+                elif asked > fleet.ray.max_servers:
+                    yield Refusal(
+                        "grpo.num_vllm_servers",
+                        f"{name!r} places at most {fleet.ray.max_servers} server(s) per run",
+                    )
+            elif grpo.get("num_vllm_servers") is not None:
+                yield Refusal(
+                    "grpo.num_vllm_servers",
+                    f"{name!r} is the {len(fleet.urls or ())} server(s) the operator runs; "
+                    "num_vllm_servers is for a fleet Ray places (GET /catalog: placed_by_ray)",
+                )
+            elif grpo.get("lora") is None and len(fleet.urls or ()) > 1:
                 yield Refusal(
                     "grpo.vllm_servers",
-                    f"{name!r} is {len(fleet.urls)} servers; a full fine-tune syncs its "
+                    f"{name!r} is {len(fleet.urls or ())} servers; a full fine-tune syncs its "
                     "weights into one `trl vllm-serve` server: train a LoRA adapter, or name "
                     "a single server",
                 )
@@ -270,11 +291,16 @@ class CodePolicy:
 
     # -- resolving (workers) -----------------------------------------------------------------
 
-    def resolve(self, spec: Mapping[str, Any]) -> dict[str, Any]:
+    def resolve(
+        self, spec: Mapping[str, Any], *, placed: list[str] | None = None
+    ) -> dict[str, Any]:
         """The fields of ``spec`` that name catalog entries, with each name replaced by what
         it stands for, in the shape the run body gives it inline (a ``command``, a
         ``base_url``, a ``vllm_server_url``). Only changed fields are returned. Call it on a
-        spec that :meth:`refusals` passed: every name exists."""
+        spec that :meth:`refusals` passed: every name exists.
+
+        vLLM servers that Ray places have no URLs until the worker has started them:
+        ``placed`` are theirs; without it the fleet's name stays (:meth:`placed_vllm`)."""
         changed: dict[str, Any] = {}
         environment = spec.get("environment")
         if environment and environment.get("server") is not None:
@@ -309,14 +335,27 @@ class CodePolicy:
             if student is not None:
                 changed["teacher"] = {**teacher, "student_endpoint": student}
         grpo = spec.get("grpo")
-        if grpo and grpo.get("vllm_servers") is not None:
-            urls = list(self.catalog.vllm_servers[grpo["vllm_servers"]].urls)
+        fleet = self.placed_vllm((grpo or {}).get("vllm_servers"))
+        if fleet is not None and placed is not None:
+            changed["grpo"] = {
+                **(grpo or {}),
+                "vllm_servers": None,
+                "num_vllm_servers": None,
+                "vllm_server_url": placed,
+            }
+        elif fleet is None and grpo and grpo.get("vllm_servers") is not None:
+            urls = list(self.catalog.vllm_servers[grpo["vllm_servers"]].urls or ())
             changed["grpo"] = {
                 **grpo,
                 "vllm_servers": None,
                 "vllm_server_url": urls[0] if len(urls) == 1 else urls,
             }
         return changed
+
+    def placed_vllm(self, name: str | None) -> RayPlacedVllm | None:
+        """What Ray starts for the vLLM fleet ``name`` (``grpo.vllm_servers``), if Ray places it."""
+        fleet = self.catalog.vllm_servers.get(name) if name is not None else None
+        return fleet.ray if fleet is not None else None
 
     def _endpoint_of(self, endpoint: Mapping[str, Any] | None) -> dict[str, Any] | None:
         if not endpoint or endpoint.get("endpoint") is None:

@@ -24,7 +24,14 @@ class EndpointPublic(Entry):
 
 
 class VllmServersPublic(Entry):
-    servers: int = Field(description="How many servers the fleet has.")
+    servers: int = Field(
+        description="How many servers the fleet has; where Ray places them, the most one run "
+        "may ask for (grpo.num_vllm_servers)."
+    )
+    placed_by_ray: bool = Field(
+        description="Ray starts the servers for each run on the operator's cluster, serving "
+        "the run's model_name (LoRA runs), and stops them with it."
+    )
 
 
 class ImportPrefixPublic(BaseModel):
@@ -77,7 +84,12 @@ class CatalogPublic(BaseModel):
                 for name, e in sorted(catalog.endpoints.items())
             ],
             vllm_servers=[
-                VllmServersPublic(name=name, description=f.description, servers=len(f.urls))
+                VllmServersPublic(
+                    name=name,
+                    description=f.description,
+                    servers=len(f.urls) if f.urls else f.ray.max_servers if f.ray else 0,
+                    placed_by_ray=f.ray is not None,
+                )
                 for name, f in sorted(catalog.vllm_servers.items())
             ],
             models=ModelsPublic(

@@ -12,7 +12,8 @@ from app.core.storable import StoredObject
 # What a run's log holds, by who writes it: the API (created, imported: a JSONL import, status:
 # every transition, cancel_requested, pause_requested, pause_withdrawn: a stop asked of the
 # worker that holds the run), the control plane (lease: a worker's lease ran out), the
-# workers (inputs, resume, sft, sft_step, step, eval, checkpoint).
+# workers (inputs, resume, sft, sft_step, step, eval, checkpoint, servers: the vLLM servers Ray
+# placed for an attempt).
 RUN_EVENT_TYPES = (
     "created",
     "imported",
@@ -31,6 +32,7 @@ RUN_EVENT_TYPES = (
     "handover",
     "fork",
     "attempt_ended",
+    "servers",
 )
 RUN_EVENT_LEVELS = ("info", "warning", "error")
 

@@ -37,6 +37,18 @@ async def test_one_url_or_several_are_served_back_as_given(
     [
         ({"grpo": {"engine": "vllm-server"}}, "body.grpo", "needs vllm_servers or vllm_server_url"),
         (
+            {
+                "grpo": {
+                    "engine": "vllm-server",
+                    "vllm_server_url": SERVERS,
+                    "num_vllm_servers": 2,
+                    "lora": LORA,
+                }
+            },
+            "body.grpo",
+            "num_vllm_servers is for vLLM servers Ray places for the run",
+        ),
+        (
             {"grpo": {"engine": "vllm-server", "vllm_server_url": SERVERS}},
             "body.grpo",
             "one `trl vllm-serve` server",

@@ -41,6 +41,10 @@ CATALOG = {
     "vllm_servers": {
         "fleet": {"description": "Two servers", "urls": ["http://v0:8000", "http://v1:8000"]},
         "single": {"description": "One server", "urls": ["http://v2:8000"]},
+        "placed": {
+            "description": "Placed by Ray for each run",
+            "ray": {"command": ["/opt/vllm/bin/vllm", "serve"], "max_servers": 2},
+        },
     },
     "harnesses": {
         "sandbox": {"description": "The agents' harness", "url": "http://agents.internal:9000/e"}
@@ -139,7 +143,7 @@ REFUSED = [
     (
         {"grpo": {"engine": "vllm-server", "vllm_server_url": "http://169.254.169.254"}},
         "body.grpo.vllm_server_url",
-        "fleet, single",
+        "fleet, placed, single",
     ),
     (
         {"environment": {"type": "gateway", "harness_url": "http://169.254.169.254/"}},
@@ -168,6 +172,29 @@ REFUSED = [
         {"grpo": {"engine": "vllm-server", "vllm_servers": "fleet"}},
         "body.grpo.vllm_servers",
         "train a LoRA adapter",
+    ),
+    # Servers Ray places load the run's adapter: LoRA runs only, and no more than offered.
+    (
+        {"grpo": {"engine": "vllm-server", "vllm_servers": "placed"}},
+        "body.grpo.vllm_servers",
+        "which Trainyard does not place",
+    ),
+    (
+        {
+            "grpo": {
+                "engine": "vllm-server",
+                "vllm_servers": "placed",
+                "num_vllm_servers": 3,
+                "lora": {},
+            }
+        },
+        "body.grpo.num_vllm_servers",
+        "'placed' places at most 2 server(s) per run",
+    ),
+    (
+        {"grpo": {"engine": "vllm-server", "vllm_servers": "single", "num_vllm_servers": 1}},
+        "body.grpo.num_vllm_servers",
+        "num_vllm_servers is for a fleet Ray places",
     ),
 ]
 
@@ -206,6 +233,15 @@ ACCEPTED = [
     {"teacher": {"student_model": f"{MODELS}/student"}},
     {"grpo": {"engine": "vllm-server", "vllm_servers": "single"}},
     {"grpo": {"engine": "vllm-server", "vllm_servers": "fleet", "lora": {}}},
+    {"grpo": {"engine": "vllm-server", "vllm_servers": "placed", "lora": {}}},
+    {
+        "grpo": {
+            "engine": "vllm-server",
+            "vllm_servers": "placed",
+            "num_vllm_servers": 2,
+            "lora": {"r": 24},
+        }
+    },
     {"environment": {"type": "gateway"}},  # pull mode names nothing
     {"environment": {"type": "gateway", "harness": "sandbox"}},
 ]
@@ -262,7 +298,18 @@ async def test_get_catalog_shows_names_and_descriptions_never_commands_or_secret
     assert body["endpoints"] == [
         {"name": "big-judge", "description": "A large judge", "model": "judge-32b"}
     ]
-    assert body["vllm_servers"][0] == {"name": "fleet", "description": "Two servers", "servers": 2}
+    assert body["vllm_servers"][0] == {
+        "name": "fleet",
+        "description": "Two servers",
+        "servers": 2,
+        "placed_by_ray": False,
+    }
+    assert body["vllm_servers"][1] == {
+        "name": "placed",
+        "description": "Placed by Ray for each run",
+        "servers": 2,
+        "placed_by_ray": True,
+    }
     assert body["imports"] == [
         {"prefix": "acme.rewards", "description": "The team's reward functions"}
     ]
@@ -284,7 +331,14 @@ def test_a_bad_catalog_stops_the_start_naming_where(tmp_path: Path) -> None:
     bad = write_catalog(
         tmp_path,
         {
-            "mcp_servers": {"x": {"command": ["a"], "url": "http://h"}},
+            "mcp_servers": {
+                "x": {"command": ["a"], "url": "http://h"},
+                "neither": {"description": "no way to start it"},
+            },
+            "vllm_servers": {
+                "both": {"urls": ["http://v:8000"], "ray": {"command": ["vllm", "serve"]}},
+                "placed": {"ray": {"command": ["vllm", "serve"], "max_servers": 0}},
+            },
             "models": {"folders": ["relative/models"]},
             "endpoint": {},
         },
@@ -292,7 +346,10 @@ def test_a_bad_catalog_stops_the_start_naming_where(tmp_path: Path) -> None:
     with pytest.raises(CatalogError) as caught:
         load_catalog(bad)
     said = str(caught.value)
-    assert "mcp_servers.x.url: Value error, give exactly one of command and url" in said
+    assert "mcp_servers.x: Value error, give exactly one of command and url" in said
+    assert "mcp_servers.neither: Value error, give exactly one of command and url" in said
+    assert "vllm_servers.both: Value error, give exactly one of urls and ray" in said
+    assert "vllm_servers.placed.ray.max_servers: Input should be greater" in said
     assert "models.folders: Value error, relative/models is not an absolute path" in said
     assert "endpoint: Extra inputs are not permitted" in said
     with pytest.raises(CatalogError, match="cannot be read"):
@@ -317,4 +374,20 @@ def test_a_push_harness_of_the_catalog_is_its_url_on_the_worker() -> None:
         "harness": None,
         "harness_url": "http://agents.internal:9000/e",
         "max_calls": 4,
+    }
+
+
+def test_vllm_servers_ray_places_resolve_into_the_urls_the_worker_placed() -> None:
+    policy = CodePolicy("catalog", Catalog.model_validate(CATALOG))
+    spec = {"grpo": {"engine": "vllm-server", "vllm_servers": "placed", "num_vllm_servers": 2}}
+    fleet = policy.placed_vllm("placed")
+    assert fleet is not None and fleet.command == ["/opt/vllm/bin/vllm", "serve"]
+    assert policy.placed_vllm("single") is None and policy.placed_vllm(None) is None
+    assert policy.resolve(spec) == {}  # not started yet: the name stays
+    urls = ["http://10.0.0.5:41000", "http://10.0.0.6:41000"]
+    assert policy.resolve(spec, placed=urls)["grpo"] == {
+        "engine": "vllm-server",
+        "vllm_servers": None,
+        "num_vllm_servers": None,
+        "vllm_server_url": urls,
     }

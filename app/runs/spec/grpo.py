@@ -341,6 +341,14 @@ class GrpoSettings(RequestModel):
         "/catalog), by name; the only kind the catalog code policy allows. Not with "
         "vllm_server_url.",
     )
+    num_vllm_servers: int | None = Field(
+        default=None,
+        ge=1,
+        le=64,
+        description="For vllm_servers that Ray places (GET /catalog: placed_by_ray): how many "
+        "servers of the run's model it starts for the run (unset: 1), at most the fleet's "
+        "servers. They start before the first step and stop when the attempt ends.",
+    )
     vllm_server_timeout_s: float = Field(
         default=120,
         gt=0,
@@ -385,6 +393,11 @@ class GrpoSettings(RequestModel):
             raise inconsistent("engine 'vllm-server' needs vllm_servers or vllm_server_url")
         if self.vllm_server_url and self.vllm_servers:
             raise inconsistent("give vllm_servers (the catalog's) or vllm_server_url, not both")
+        if self.num_vllm_servers is not None and self.vllm_servers is None:
+            raise inconsistent(
+                "num_vllm_servers is for vLLM servers Ray places for the run: name such a "
+                "fleet of the catalog in vllm_servers"
+            )
         if (
             self.engine == "vllm-server"
             and self.lora is None
