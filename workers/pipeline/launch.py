@@ -4,9 +4,6 @@ Ray cluster, by an actor on each node (:mod:`workers.pipeline.ray_ranks`)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import socket
 import sys
 from pathlib import Path
@@ -55,9 +52,3 @@ def launch_command(
         "workers.pipeline.ranks",
         str(job),
     ]
-
-
-def kill_session(pid: int) -> None:
-    """SIGKILL to the session a launcher leads: the launcher and every rank it started."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)

@@ -49,13 +49,13 @@ from workers.pipeline.launch import (
     ACCELERATE_CONFIGS,
     OWNER_PID,
     free_port,
-    kill_session,
     launch_command,
 )
 from workers.pipeline.paths import RunPaths
 from workers.pipeline.plan import InputBatch, PlannedInput
 from workers.pipeline.world import FollowedRankZero, raise_stop
 from workers.runtime import Runtime
+from workers.watched import kill_session
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,7 @@ class Job:
     validation: list[PlannedInput]
     resume_from: Path | None
     model: str | None
+    placed_servers: list[str] | None  # the vLLM servers Ray placed for the attempt
 
 
 class DistributedUnavailable(RuntimeError):
@@ -101,16 +102,9 @@ def check_distributed(spec: DistributedSettings, settings: Settings) -> None:
     if not (ACCELERATE_CONFIGS / f"{name}.yaml").is_file():
         raise DistributedUnavailable(f"no accelerate config {name!r} in {ACCELERATE_CONFIGS}")
     if spec.launcher == "ray":
-        if settings.ray_address is None:
-            raise DistributedUnavailable(
-                "the run asks for launcher 'ray' but this worker has no Ray cluster: set "
-                "TRAINYARD_RAY_ADDRESS (docs/scaling.md)"
-            )
-        if importlib.util.find_spec("ray") is None:
-            raise DistributedUnavailable(
-                "the run asks for launcher 'ray' but Ray is not installed on this worker "
-                "(pip install 'trainyard[worker,ray]')"
-            )
+        from workers.pipeline.ray_ranks import check_cluster
+
+        check_cluster(settings, "launcher 'ray'")
         return
     import torch
 
@@ -150,7 +144,15 @@ async def train_on_ranks(
     await asyncio.to_thread(_fresh_folder, folder, paths.staging)
     job = folder / "job.pkl"
     payload = Job(
-        ctx.settings, spec.id, ctx.fence, os.getpid(), plan, validation, resume_from, model
+        ctx.settings,
+        spec.id,
+        ctx.fence,
+        os.getpid(),
+        plan,
+        validation,
+        resume_from,
+        model,
+        ctx.placed_servers,
     )
     await asyncio.to_thread(_write_private, job, pickle.dumps(payload))
     launched: Launched
@@ -323,6 +325,7 @@ class RankContext(RunContext):
         super().__init__(runtime, job.run_id, job.fence)
         self.worker_pid = int(os.environ.get(OWNER_PID, job.worker_pid))
         self.handover = handover
+        self.placed_servers = job.placed_servers
 
     async def lease_state(self) -> leases.LeaseState:
         if not _alive(self.worker_pid):

@@ -32,9 +32,17 @@ from typing import Any
 from app.core.settings import Settings
 from app.runs.spec.grpo import DistributedSettings
 from workers.context import AttemptEnded
-from workers.pipeline.launch import OWNER_PID, kill_session, launch_command
+from workers.pipeline.launch import OWNER_PID, launch_command
+from workers.watched import kill_session
 
 log = logging.getLogger(__name__)
+
+# Ray's C++ failure-signal handler (absl's), installed by ray.init in a driver, wraps the
+# handlers the process has: on a SIGTERM (a deploy) it calls Celery's warm shutdown, then
+# aborts the worker (SIGABRT) before its run is handed over. Read when Ray is imported: this
+# module is, before any Ray import of the worker's (every one is in a function here or in
+# ray_servers.py).
+os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
 
 NAMESPACE = "trainyard"
 # A file the worker writes into the run's folder and every node's actor reads back.
@@ -57,6 +65,26 @@ class ClusterUnreachable(AttemptEnded):
     dispatched again after the re-dispatch interval."""
 
     due_now = False
+
+
+class ClusterUnavailable(RuntimeError):
+    """The run asks for Ray and this worker has no cluster or no Ray: the run fails."""
+
+
+def check_cluster(settings: Settings, asking: str) -> None:
+    """Before any step, for a run that asks for Ray (``asking`` says for what)."""
+    import importlib.util
+
+    if settings.ray_address is None:
+        raise ClusterUnavailable(
+            f"the run asks for {asking} but this worker has no Ray cluster: set "
+            "TRAINYARD_RAY_ADDRESS (docs/scaling.md)"
+        )
+    if importlib.util.find_spec("ray") is None:
+        raise ClusterUnavailable(
+            f"the run asks for {asking} but Ray is not installed on this worker "
+            "(pip install 'trainyard[worker,ray]')"
+        )
 
 
 class FolderNotShared(RuntimeError):
@@ -171,7 +199,7 @@ class RayRanks:
         assert settings.ray_address is not None  # check_distributed
         connect(settings.ray_address)
         name = group_name(run_id)
-        _remove_left_over(name)
+        remove_left_over(name)
         nodes, per_node = distributed.num_nodes, distributed.processes_per_node
         gpus = distributed.gpus_per_process
         if gpus is None:
@@ -189,9 +217,9 @@ class RayRanks:
                 placed = time.monotonic()
             except ray.exceptions.GetTimeoutError:
                 raise PlacementFailed(
-                    f"the Ray cluster did not place {nodes} node(s) x {_resources(bundle)} "
+                    f"the Ray cluster did not place {nodes} node(s) x {describe(bundle)} "
                     f"({strategy}) in {settings.ray_placement_timeout_seconds:g} s; its nodes: "
-                    f"{_nodes()}"
+                    f"{describe_nodes()}"
                 ) from None
             host = ray.remote(max_concurrency=2)(RankHost)
             ranks.hosts = [
@@ -214,7 +242,8 @@ class RayRanks:
             except ray.exceptions.GetTimeoutError:
                 raise PlacementFailed(
                     f"the ranks' actors did not start on the placed nodes in "
-                    f"{settings.ray_placement_timeout_seconds:g} s (their nodes: {_nodes()})"
+                    f"{settings.ray_placement_timeout_seconds:g} s (their nodes: "
+                    f"{describe_nodes()})"
                 ) from None
             blind = [p for p in ranks.places if not p["sees"]]
             if blind:
@@ -243,7 +272,7 @@ class RayRanks:
             run_id,
             distributed.num_processes,
             ", ".join(p["ip"] for p in ranks.places),
-            _resources(bundle),
+            describe(bundle),
             placed - began,
             time.monotonic() - placed,
         )
@@ -303,7 +332,7 @@ class RayRanks:
         return f"the launchers by machine rank exited with {{{codes}}}"
 
 
-def _remove_left_over(name: str) -> None:
+def remove_left_over(name: str) -> None:
     from ray.util import get_placement_group
     from ray.util.placement_group import remove_placement_group
 
@@ -315,18 +344,19 @@ def _remove_left_over(name: str) -> None:
     remove_placement_group(left)
 
 
-def _resources(bundle: dict[str, float]) -> str:
+def describe(bundle: dict[str, float]) -> str:
     return "{" + ", ".join(f"{k}: {v:g}" for k, v in bundle.items()) + "}"
 
 
-def _nodes() -> str:
+def describe_nodes() -> str:
+    """Each alive node's address and CPUs/GPUs: what a refusal to place says the cluster has."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     return (
         "; ".join(
             f"{n['NodeManagerAddress']} "
-            + _resources({k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")})
+            + describe({k: v for k, v in n["Resources"].items() if k in ("CPU", "GPU")})
             for n in alive
         )
         or "none alive"
