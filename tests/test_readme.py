@@ -72,18 +72,6 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
         ("grpo",),
         "an agent run (environment) trains in the worker's process",
     ),
-    "a gateway run that trains a LoRA adapter on shared vLLM": (
-        {
-            "environment": {"type": "gateway"},
-            "grpo": {
-                "engine": "vllm-server",
-                "vllm_server_url": "http://127.0.0.1:8001/v1",
-                "lora": {"r": 8},
-            },
-        },
-        ("grpo",),
-        "a LoRA adapter on vLLM servers is not served to gateway calls",
-    ),
 }
 
 

@@ -57,6 +57,8 @@ def vllm_server_command(
         "8",
         "--max-loras",
         "2",
+        "--logprobs-mode",
+        "processed_logprobs",
         "--host",
         "127.0.0.1",
         "--port",

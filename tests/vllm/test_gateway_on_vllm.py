@@ -1,6 +1,7 @@
-"""A gateway run on vLLM in the training process (``grpo.engine: vllm-colocate``): the harness's
-calls are sampled by vLLM with the weights TRL synced after the last optimizer step, and what
-trains is exactly what vLLM sampled."""
+"""Gateway runs on vLLM: in the training process (``grpo.engine: vllm-colocate``), the harness's
+calls sampled with the weights TRL synced after the last optimizer step; on a vLLM server
+(``vllm-server`` with ``grpo.lora``), with the step's adapter loaded into it. What trains is
+exactly what vLLM sampled."""
 
 from __future__ import annotations
 
@@ -72,4 +73,58 @@ async def test_a_gateway_run_on_vllm_colocate_learns_from_what_vllm_sampled(
     # Only synced weights learn: vLLM samples every call, so a stale engine would not.
     rewards: list[Any] = [v for _, v in await series(sessionmaker, run.id, "reward_mean")]
     assert len(rewards) == 40
+    assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.2, rewards
+
+
+async def test_a_gateway_lora_run_on_a_vllm_server_answers_with_each_steps_adapter(
+    tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server, vllm_server
+) -> None:
+    """``vllm-server`` with ``grpo.lora`` (servers shared by runs): the step's adapter is
+    loaded into the server before the step's first call, every call names it, and the
+    harness's calls learn, which a stale adapter would not."""
+    worker = start_worker(**worker_home)
+    root = vllm_server["base_url"].removesuffix("/v1")
+    body = gateway_run(
+        tiny_model,
+        max_steps=30,
+        rollouts_per_group=8,
+        learning_rate=2e-2,
+        grpo={
+            "save_steps": 100,
+            "lora": {"r": 8, "alpha": 16, "target_modules": "all-linear"},
+            "engine": "vllm-server",
+            "vllm_server_url": root,
+        },
+    )
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        await asyncio.wait_for(run.play(two_turns, concurrency=16), 900)
+        await run.refresh()
+    assert run.status == "completed", (run.data.get("error"), worker.output()[-3000:])
+
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        page = (await http.get(f"/runs/{run.id}/episodes", params={"step": 30, "limit": 1})).json()
+        detail = (
+            await http.get(f"/episodes/{page['data'][0]['id']}", params={"tokens": "true"})
+        ).json()
+        trajectories = (await http.get(f"/runs/{run.id}/trajectories", params={"limit": 1})).json()
+        served = {
+            m["id"] for m in (await http.get(f"{vllm_server['base_url']}/models")).json()["data"]
+        }
+    # The last step's calls: the adapter after 29 optimizer steps, the second call continuing
+    # the first token for token, with the server's log-probabilities.
+    first, second = detail["call_log"][-2:]
+    assert first["policy_version"] == second["policy_version"] == 29
+    sampled = first["prompt_ids"] + first["completion_ids"]
+    assert second["prompt_ids"][: len(sampled)] == sampled
+    assert all(lp <= 0 for lp in first["logprobs"]) and len(first["logprobs"]) == len(
+        first["completion_ids"]
+    )
+    assert trajectories["data"][0]["metadata"]["engine"] == "vllm-server"
+    log = worker.output()
+    for step in range(30):  # each step's adapter, loaded before its calls
+        assert f"adapter {run.id}-step-{step} loaded" in log, step
+    assert {m for m in served if m.startswith(str(run.id))} == {f"{run.id}-step-29"}
+    rewards: list[Any] = [v for _, v in await series(sessionmaker, run.id, "reward_mean")]
+    assert len(rewards) == 30
     assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.2, rewards

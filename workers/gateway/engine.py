@@ -1,5 +1,6 @@
 """Gateway calls answered by the policy in training, on the run's engine: ``transformers``
-(the trainer's model), or TRL's vLLM (``vllm-colocate``; ``vllm-server`` without LoRA).
+(the trainer's model), TRL's vLLM (``vllm-colocate``; ``vllm-server`` without LoRA), or vLLM
+servers with the step's LoRA adapter loaded (``vllm-server`` with ``grpo.lora``).
 
 Each call is an OpenAI chat request: messages (with tool calls and tool results), tools and
 sampling parameters. Its prompt is rendered with the model's chat template the way TRL
@@ -25,6 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from workers.ml.vllm_server import LoraServers
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +135,10 @@ class Engine:
                 add_response_schema(self.tokenizer)
             except ValueError:  # a template TRL cannot parse tool calls of: text answers only
                 log.info("the chat template has no response schema: answers are text only")
+
+    def prepare(self, trainer: Any) -> None:
+        """Before a batch TRL hands the rollout function is served: the engine made to
+        answer with the policy as it is now (where TRL does not do it itself)."""
 
     # -- prompts -------------------------------------------------------------------------------
     def _template(self, messages: list[dict[str, Any]], tools: Any, generation: bool) -> list[int]:
@@ -379,8 +386,60 @@ class VLLMEngine(Engine):
         ]
 
 
-def engine_for(trainer: Any, max_completion_length: int) -> Engine:
-    """The run's engine: vLLM when TRL runs one for the trainer, else transformers."""
+class ServerEngine(Engine):
+    """Samples on the run's vLLM servers with the policy's LoRA adapter as of this step
+    (``grpo.engine: vllm-server`` with ``grpo.lora``): before each batch TRL hands the
+    rollout function, the adapter is saved and loaded into every server under the step's
+    name (workers/ml/vllm_server.py, as for TRL's own rollouts), so no call is answered by a
+    stale one. Each call is one ``/v1/completions`` of its prompt's token ids, the calls of a
+    batch sent together and spread over the servers (each batches what arrives together).
+    The log-probabilities are what the servers return: TRL's definition (after temperature)
+    when they run with ``--logprobs-mode processed_logprobs``."""
+
+    def __init__(self, trainer: Any, max_completion_length: int, servers: LoraServers) -> None:
+        super().__init__(trainer, max_completion_length)
+        self.servers = servers
+        self.adapter: str | None = None
+        self.sent = 0  # requests sent, so that consecutive batches start on another server
+        self.max_prompt_tokens = servers.max_model_len()
+
+    def prepare(self, trainer: Any) -> None:
+        self.adapter = self.servers.sync(trainer)
+
+    def _sample(
+        self, prompts: list[list[int]], key: tuple[Any, ...]
+    ) -> list[tuple[list[int], list[float]]]:
+        max_new, temperature, top_p, stops = key
+        grpo = self.servers.grpo
+        body: dict[str, Any] = {
+            "model": self.adapter,
+            "n": 1,
+            "max_tokens": max_new,
+            "temperature": temperature,
+            "top_p": top_p,
+            "top_k": grpo.top_k or -1,
+            "min_p": grpo.min_p or 0.0,
+            "repetition_penalty": grpo.repetition_penalty,
+        }
+        if stops:
+            body["stop"] = list(stops)
+        pending = [
+            self.servers.pool.submit(
+                self.servers.complete, self.sent + i, {**body, "prompt": prompt}
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+        self.sent += len(prompts)
+        return [future.result()[0] for future in pending]
+
+
+def engine_for(
+    trainer: Any, max_completion_length: int, servers: LoraServers | None = None
+) -> Engine:
+    """The run's engine: its vLLM servers when it trains a LoRA adapter on them (``servers``),
+    vLLM when TRL runs one for the trainer, else transformers."""
+    if servers is not None:
+        return ServerEngine(trainer, max_completion_length, servers)
     if getattr(trainer, "use_vllm", False):
         return VLLMEngine(trainer, max_completion_length)
     return TransformersEngine(trainer, max_completion_length)

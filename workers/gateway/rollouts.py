@@ -39,6 +39,7 @@ from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.gateway.engine import BadCall, Call, Engine, engine_for, template_messages
 from workers.gateway.push import Pusher
+from workers.ml.vllm_server import LoraServers
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,13 @@ class HarnessOutcome:
 class GatewayRollouts:
     """TRL's ``rollout_func`` for a gateway run (see the module's docstring)."""
 
-    def __init__(self, ctx: RunContext, spec: RunSpec, resumed_at: int | None) -> None:
+    def __init__(
+        self,
+        ctx: RunContext,
+        spec: RunSpec,
+        resumed_at: int | None,
+        servers: LoraServers | None = None,
+    ) -> None:
         assert isinstance(spec.environment, GatewayEnvironment)
         self.ctx = ctx
         self.spec = spec
@@ -100,6 +107,7 @@ class GatewayRollouts:
         self.inbox = wire.inbox(prefix, spec.id)
         self.available = wire.available(prefix, spec.id)
         self.engine: Engine | None = None
+        self.servers = servers  # a LoRA run's vLLM servers: the engine that answers
         self.pusher: Pusher | None = None
         if self.env.push:  # the worker hands each episode to the run's harness
             url = self.env.harness_url
@@ -119,12 +127,15 @@ class GatewayRollouts:
     def close(self) -> None:
         if self.pusher is not None:
             self.pusher.close()
+        if self.servers is not None:
+            self.servers.close()
         self.redis.close()
 
     # -- TRL's hook ------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if self.engine is None:
-            self.engine = engine_for(trainer, self.spec.grpo.max_completion_length)
+            self.engine = engine_for(trainer, self.spec.grpo.max_completion_length, self.servers)
+        self.engine.prepare(trainer)
         rows = trainer.gateway_inputs
         phase = "train" if trainer.model.training else "eval"
         version = int(trainer.state.global_step)

@@ -75,72 +75,49 @@ def check_servers(grpo: GrpoSettings, model_name: str) -> None:
             )
 
 
-class ServerRollouts:
-    """TRL's ``rollout_func`` for a LoRA run on vLLM servers (see the module's docstring)."""
+class LoraServers:
+    """The run's vLLM servers, serving the policy's adapter as of the trainer's step: the one
+    place that saves it and loads it into them, for TRL's rollouts (:class:`ServerRollouts`)
+    and for a gateway run's calls (workers/gateway/engine.py)."""
 
-    def __init__(self, run_id: str, grpo: GrpoSettings, adapters: Path, ranks: Any) -> None:
+    def __init__(
+        self, run_id: str, grpo: GrpoSettings, adapters: Path, ranks: Any, concurrency: int
+    ) -> None:
         self.run_id = run_id
         self.grpo = grpo
         self.adapters = adapters
         self.ranks = ranks
         self.urls = grpo.server_urls
-        concurrency = grpo.groups_per_step
         self.clients = [_client(url, grpo, concurrency) for url in self.urls]
         self.loaded: str | None = None  # the adapter the servers generate with now
-        self._pool = concurrent.futures.ThreadPoolExecutor(
+        self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, concurrency), thread_name_prefix="vllm-server"
         )
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.pool.shutdown(wait=False, cancel_futures=True)
         for client in self.clients:
             client.close()
 
-    # -- TRL's hook ------------------------------------------------------------------------
-    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
-        """Completions for this rank's ``prompts`` (each group's prompt repeated once per
-        rollout, as TRL's sampler hands them): token ids of prompts and completions, and the
-        sampled tokens' log-probabilities."""
-        step = int(trainer.state.global_step)
-        name = f"{self.run_id}-step-{step}"
-        started = time.monotonic()
-        if name != self.loaded:
-            self._sync(trainer, name)
-        synced = time.monotonic()
-        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
-        groups = _runs_of(prompt_ids)
-        seed = self.grpo.seed  # a seed of its own for each group's request
-        calls = [
-            self._pool.submit(
-                self._complete,
-                self.clients[(self.ranks.rank + i) % len(self.clients)],
-                name,
-                ids,
-                n,
-                (seed * 1_000_003 + step * 4_099 + self.ranks.rank * 257 + i) % 2**31,
-            )
-            for i, (ids, n) in enumerate(groups)
-        ]
-        completion_ids: list[list[int]] = []
-        logprobs: list[list[float]] = []
-        for call in calls:
-            for ids, lps in call.result():
-                completion_ids.append(ids)
-                logprobs.append(lps)
-        log.info(
-            "run %s: step %d: adapter synced in %.2f s, %d rollouts generated in %.2f s",
-            self.run_id,
-            step,
-            synced - started,
-            len(completion_ids),
-            time.monotonic() - synced,
-        )
-        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+    def max_model_len(self) -> int | None:
+        """The longest sequence (prompt and completion) every server takes, as their
+        ``GET /v1/models`` says (None where none says)."""
+        lengths = []
+        for url, client in zip(self.urls, self.clients, strict=True):
+            try:
+                listed = client.check()
+            except LLMError as exc:
+                raise ServerUnavailable(f"vLLM server {url}: {exc}") from exc
+            lengths += [int(m["max_model_len"]) for m in listed if m.get("max_model_len")]
+        return min(lengths, default=None)
 
-    # -- the step's adapter -----------------------------------------------------------------
-    def _sync(self, trainer: Any, name: str) -> None:
-        """The policy's adapter as of now, saved by rank 0 and loaded into every server
-        under ``name``; the previous one unloaded and deleted. Every rank waits for it."""
+    def sync(self, trainer: Any) -> str:
+        """The name the servers know the policy's adapter by as of the trainer's step: saved
+        by rank 0 and loaded into every server unless it is already; the previous one
+        unloaded and deleted. Every rank waits for it."""
+        name = f"{self.run_id}-step-{int(trainer.state.global_step)}"
+        if name == self.loaded:
+            return name
         if self.ranks.writer:
             folder = self.adapters / name
             trainer.model.save_pretrained(str(folder))  # a PEFT model: the adapter only
@@ -161,6 +138,7 @@ class ServerRollouts:
             )
         self.ranks.wait()
         self.loaded = name
+        return name
 
     def _call(self, url: str, client: ChatClient, path: str, body: dict[str, Any]) -> None:
         try:
@@ -172,29 +150,76 @@ class ServerRollouts:
                 f"{body.get('lora_path', 'the adapter folder')}?)"
             ) from exc
 
-    # -- one group -----------------------------------------------------------------------------
-    def _complete(
-        self, client: ChatClient, model: str, prompt: list[int], n: int, seed: int
-    ) -> list[tuple[list[int], list[float]]]:
-        grpo = self.grpo
-        body: dict[str, Any] = {
-            "model": model,
-            "prompt": prompt,
-            "n": n,
-            "max_tokens": grpo.max_completion_length,
-            "temperature": grpo.temperature,
-            "top_p": grpo.top_p,
-            "top_k": grpo.top_k or -1,
-            "min_p": grpo.min_p or 0.0,
-            "repetition_penalty": grpo.repetition_penalty,
-            "seed": seed,
-            "logprobs": 0,
-            "return_token_ids": True,
-        }
+    def complete(self, server: int, body: dict[str, Any]) -> list[tuple[list[int], list[float]]]:
+        """``POST /v1/completions`` of ``body`` (token ids in, ``n`` choices) on server
+        ``server`` (modulo their number): each choice's token ids and log-probabilities."""
+        client = self.clients[server % len(self.clients)]
+        body = {**body, "logprobs": 0, "return_token_ids": True}
         try:
-            return client.post("/completions", body, lambda answer: _choices(answer, n))
+            return client.post("/completions", body, lambda answer: _choices(answer, body["n"]))
         except LLMError as exc:
             raise ServerUnavailable(f"vLLM server {client.endpoint.url}: {exc}") from exc
+
+
+class ServerRollouts:
+    """TRL's ``rollout_func`` for a LoRA run on vLLM servers (see the module's docstring)."""
+
+    def __init__(self, run_id: str, grpo: GrpoSettings, adapters: Path, ranks: Any) -> None:
+        self.run_id = run_id
+        self.grpo = grpo
+        self.ranks = ranks
+        self.servers = LoraServers(run_id, grpo, adapters, ranks, grpo.groups_per_step)
+
+    def close(self) -> None:
+        self.servers.close()
+
+    # -- TRL's hook ------------------------------------------------------------------------
+    def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
+        """Completions for this rank's ``prompts`` (each group's prompt repeated once per
+        rollout, as TRL's sampler hands them): token ids of prompts and completions, and the
+        sampled tokens' log-probabilities."""
+        step = int(trainer.state.global_step)
+        started = time.monotonic()
+        name = self.servers.sync(trainer)
+        synced = time.monotonic()
+        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
+        groups = _runs_of(prompt_ids)
+        grpo = self.grpo
+        seed = grpo.seed  # a seed of its own for each group's request
+        calls = [
+            self.servers.pool.submit(
+                self.servers.complete,
+                self.ranks.rank + i,
+                {
+                    "model": name,
+                    "prompt": ids,
+                    "n": n,
+                    "max_tokens": grpo.max_completion_length,
+                    "temperature": grpo.temperature,
+                    "top_p": grpo.top_p,
+                    "top_k": grpo.top_k or -1,
+                    "min_p": grpo.min_p or 0.0,
+                    "repetition_penalty": grpo.repetition_penalty,
+                    "seed": (seed * 1_000_003 + step * 4_099 + self.ranks.rank * 257 + i) % 2**31,
+                },
+            )
+            for i, (ids, n) in enumerate(groups)
+        ]
+        completion_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for call in calls:
+            for ids, lps in call.result():
+                completion_ids.append(ids)
+                logprobs.append(lps)
+        log.info(
+            "run %s: step %d: adapter synced in %.2f s, %d rollouts generated in %.2f s",
+            self.run_id,
+            step,
+            synced - started,
+            len(completion_ids),
+            time.monotonic() - synced,
+        )
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
 
 def _runs_of(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:

@@ -245,13 +245,7 @@ class RayRanks:
                     f"{settings.ray_placement_timeout_seconds:g} s (their nodes: "
                     f"{describe_nodes()})"
                 ) from None
-            blind = [p for p in ranks.places if not p["sees"]]
-            if blind:
-                raise FolderNotShared(
-                    f"Ray node(s) {', '.join(p['host'] + ' ' + p['ip'] for p in blind)} do not "
-                    f"see the run's folder {job.parent}: every node must mount the artifacts "
-                    "folder (TRAINYARD_ARTIFACTS_DIR) at the same path"
-                )
+            check_seen(ranks.places, job.parent)
             main = ranks.places[0]
             for machine_rank, h in enumerate(ranks.hosts):
                 launch = {
@@ -330,6 +324,18 @@ class RayRanks:
     def ended(self) -> str:
         codes = ", ".join(f"{rank}: {code}" for rank, code in sorted(self.codes.items()))
         return f"the launchers by machine rank exited with {{{codes}}}"
+
+
+def check_seen(places: list[dict[str, Any]], folder: Path, consequence: str = "") -> None:
+    """FolderNotShared naming the placed nodes (their actors' ``sees``) that do not see the
+    run's ``folder``; ``consequence``: what that would break, to say so."""
+    blind = [p for p in places if not p["sees"]]
+    if blind:
+        raise FolderNotShared(
+            f"Ray node(s) {', '.join(p['host'] + ' ' + p['ip'] for p in blind)} do not see "
+            f"the run's folder {folder}{consequence}: every node must mount the artifacts "
+            "folder (TRAINYARD_ARTIFACTS_DIR) at the same path"
+        )
 
 
 def remove_left_over(name: str) -> None:

@@ -38,9 +38,9 @@ from app.runs.spec.parsed import RunSpec
 from workers.context import AttemptEnded, RunContext
 from workers.pipeline.ray_ranks import (
     FOLDER_CHECK,
-    FolderNotShared,
     PlacementFailed,
     check_cluster,
+    check_seen,
     connect,
     describe,
     describe_nodes,
@@ -71,7 +71,8 @@ def group_name(run_id: uuid.UUID) -> str:
 
 def server_command(fleet: RayPlacedVllm, model: str, lora_rank: int) -> list[str]:
     """The fleet's command on the run's model, loading adapters of up to ``lora_rank`` at
-    runtime (the step's and the one before it, while they swap); the node's ``--host`` and
+    runtime (the step's and the one before it, while they swap), log-probabilities after
+    temperature; the node's ``--host`` and
     ``--port`` are added where it runs, and the operator's ``args`` come last."""
     max_rank = next((r for r in LORA_RANKS if r >= lora_rank), lora_rank)
     return [
@@ -83,6 +84,9 @@ def server_command(fleet: RayPlacedVllm, model: str, lora_rank: int) -> list[str
         str(max_rank),
         "--max-loras",
         "2",
+        # Log-probabilities after temperature, TRL's definition (as `trl vllm-serve` asks).
+        "--logprobs-mode",
+        "processed_logprobs",
         *fleet.args,
     ]
 
@@ -219,14 +223,11 @@ class RayServers:
                     f"the vLLM servers' actors did not start on the placed nodes in {within:g} "
                     f"s (the fleet's startup_timeout_seconds; their nodes: {describe_nodes()})"
                 ) from None
-            blind = [p for p in servers.places if not p["sees"]]
-            if blind:
-                raise FolderNotShared(
-                    f"Ray node(s) {', '.join(p['host'] + ' ' + p['ip'] for p in blind)} do not "
-                    f"see the run's folder {folder.parent}: the vLLM servers placed there "
-                    "could not load the run's adapters; every node must mount the artifacts "
-                    "folder (TRAINYARD_ARTIFACTS_DIR) at the same path"
-                )
+            check_seen(
+                servers.places,
+                folder.parent,
+                " (the vLLM servers placed there could not load the run's adapters)",
+            )
             servers._wait_healthy(deadline, within)
         except BaseException:
             servers.close()

@@ -189,8 +189,13 @@ def train(
     trainer_class = AgentTrainer if environment is not None else GRPOTrainer
     if spec.environment is not None and spec.environment.type == "gateway":
         from workers.gateway.rollouts import GatewayRollouts
+        from workers.ml.vllm_server import LoraServers
 
-        rollouts = GatewayRollouts(ctx, spec, _checkpoint_step(resume_from))
+        servers = None
+        if grpo.engine == "vllm-server" and grpo.lora is not None:
+            batch = grpo.groups_per_step * spec.rollouts_per_group
+            servers = LoraServers(str(spec.id), grpo, paths.root / "adapters", ranks, batch)
+        rollouts = GatewayRollouts(ctx, spec, _checkpoint_step(resume_from), servers)
         agent["rollout_func"] = rollouts
         trainer_class = GatewayTrainer
     elif grpo.engine == "vllm-server" and grpo.lora is not None:

@@ -182,23 +182,6 @@ class RunCreate(RequestModel):
 
     @field_validator("grpo")
     @classmethod
-    def _gateway_engine(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
-        # A field validator, so the problem names body.grpo (environment comes first).
-        if (
-            isinstance(info.data.get("environment"), GatewayEnvironment)
-            and value.engine == "vllm-server"
-            and value.lora is not None
-        ):
-            raise inconsistent(
-                "a gateway run answers its calls with the engine TRL syncs every step: "
-                "'transformers', 'vllm-colocate', or 'vllm-server' for full weights (TRL's "
-                "server mode); a LoRA adapter on vLLM servers is not served to gateway calls "
-                "yet: docs/gateway.md"
-            )
-        return value
-
-    @field_validator("grpo")
-    @classmethod
     def _ranks(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
         # A field validator, so the problem names body.grpo (environment comes first).
         ranks = value.distributed.num_processes
