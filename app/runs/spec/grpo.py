@@ -295,7 +295,9 @@ class GrpoSettings(RequestModel):
         "local). The run's id is in the tracker's config; its name is trained_model_name or "
         "run-<id> (the SFT warm-up: <name>-sft).",
     )
-    tracker_project: NulFreeStr | None = Field(
+    # A str, not a NulFreeStr (whose pattern is the one pydantic would document): the
+    # pattern refuses NUL too.
+    tracker_project: str | None = Field(
         default=None,
         min_length=1,
         max_length=128,
