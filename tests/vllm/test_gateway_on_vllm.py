@@ -54,26 +54,8 @@ async def test_a_gateway_run_on_vllm_colocate_learns_from_what_vllm_sampled(
     assert run.status == "completed", run.data.get("error")
     assert "the engine takes at most 511" in refused[0], refused
 
-    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
-        page = (await http.get(f"/runs/{run.id}/episodes", params={"step": 40, "limit": 1})).json()
-        detail = (
-            await http.get(f"/episodes/{page['data'][0]['id']}", params={"tokens": "true"})
-        ).json()
-        trajectories = (await http.get(f"/runs/{run.id}/trajectories", params={"limit": 1})).json()
-    # The last step's calls: answered by the policy after 39 optimizer steps, the second
-    # continuing the first token for token, with vLLM's log-probabilities.
-    first, second = detail["call_log"][-2:]
-    assert first["policy_version"] == second["policy_version"] == 39
-    sampled = first["prompt_ids"] + first["completion_ids"]
-    assert second["prompt_ids"][: len(sampled)] == sampled
-    assert all(lp <= 0 for lp in first["logprobs"]) and len(first["logprobs"]) == len(
-        first["completion_ids"]
-    )
-    assert trajectories["data"][0]["metadata"]["engine"] == "vllm-colocate"
     # Only synced weights learn: vLLM samples every call, so a stale engine would not.
-    rewards: list[Any] = [v for _, v in await series(sessionmaker, run.id, "reward_mean")]
-    assert len(rewards) == 40
-    assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.2, rewards
+    await _last_step_and_curve(api_server, tenant, sessionmaker, run.id, 40, "vllm-colocate")
 
 
 async def test_a_gateway_lora_run_on_a_vllm_server_answers_with_each_steps_adapter(
@@ -102,29 +84,38 @@ async def test_a_gateway_lora_run_on_a_vllm_server_answers_with_each_steps_adapt
         await run.refresh()
     assert run.status == "completed", (run.data.get("error"), worker.output()[-3000:])
 
+    await _last_step_and_curve(api_server, tenant, sessionmaker, run.id, 30, "vllm-server")
+    log = worker.output()
+    for step in range(30):  # each step's adapter, loaded before its calls
+        assert f"adapter {run.id}-step-{step} loaded" in log, step
+    async with httpx.AsyncClient() as http:
+        listed = (await http.get(f"{vllm_server['base_url']}/models")).json()["data"]
+    served = {m["id"] for m in listed if m["id"].startswith(str(run.id))}
+    assert served == {f"{run.id}-step-29"}  # the last step's only
+
+
+async def _last_step_and_curve(
+    api_server: Any, tenant: Any, sessionmaker: Any, run_id: str, steps: int, engine: str
+) -> None:
+    """The last step's calls answered by the policy after ``steps - 1`` optimizer steps, the
+    second continuing the first token for token, with vLLM's log-probabilities; the rows say
+    ``engine``; the reward rose."""
     async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
-        page = (await http.get(f"/runs/{run.id}/episodes", params={"step": 30, "limit": 1})).json()
+        page = (
+            await http.get(f"/runs/{run_id}/episodes", params={"step": steps, "limit": 1})
+        ).json()
         detail = (
             await http.get(f"/episodes/{page['data'][0]['id']}", params={"tokens": "true"})
         ).json()
-        trajectories = (await http.get(f"/runs/{run.id}/trajectories", params={"limit": 1})).json()
-        served = {
-            m["id"] for m in (await http.get(f"{vllm_server['base_url']}/models")).json()["data"]
-        }
-    # The last step's calls: the adapter after 29 optimizer steps, the second call continuing
-    # the first token for token, with the server's log-probabilities.
+        trajectories = (await http.get(f"/runs/{run_id}/trajectories", params={"limit": 1})).json()
     first, second = detail["call_log"][-2:]
-    assert first["policy_version"] == second["policy_version"] == 29
+    assert first["policy_version"] == second["policy_version"] == steps - 1
     sampled = first["prompt_ids"] + first["completion_ids"]
     assert second["prompt_ids"][: len(sampled)] == sampled
     assert all(lp <= 0 for lp in first["logprobs"]) and len(first["logprobs"]) == len(
         first["completion_ids"]
     )
-    assert trajectories["data"][0]["metadata"]["engine"] == "vllm-server"
-    log = worker.output()
-    for step in range(30):  # each step's adapter, loaded before its calls
-        assert f"adapter {run.id}-step-{step} loaded" in log, step
-    assert {m for m in served if m.startswith(str(run.id))} == {f"{run.id}-step-29"}
-    rewards: list[Any] = [v for _, v in await series(sessionmaker, run.id, "reward_mean")]
-    assert len(rewards) == 30
+    assert trajectories["data"][0]["metadata"]["engine"] == engine
+    rewards: list[Any] = [v for _, v in await series(sessionmaker, run_id, "reward_mean")]
+    assert len(rewards) == steps
     assert sum(rewards[-10:]) / 10 - sum(rewards[:10]) / 10 >= 0.2, rewards
