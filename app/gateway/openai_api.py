@@ -145,6 +145,8 @@ async def answer(
                 "call_id": str(call_id),
                 "episode_id": str(episode_id),
                 "issue": opened["issued"],
+                "slot": opened["slot"],
+                "seq": opened["calls"],
                 "request": asked,
             },
             seconds,

@@ -78,7 +78,7 @@ _CALL_OPENS = """
     UPDATE episodes SET calls = calls + 1
      WHERE id = $1 AND token_hash = $2 AND status = 'claimed' AND deadline > now()
        AND calls < max_calls
-    RETURNING run_id, issued, calls,
+    RETURNING run_id, issued, calls, slot,
               extract(epoch FROM deadline - now()) AS seconds_left
 """
 
@@ -244,7 +244,8 @@ async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> N
 
 
 async def open_call(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> asyncpg.Record:
-    """Count a call against the token's live claim: the run, issue, seq and seconds left."""
+    """Count a call against the token's live claim: the run, issue, seq, the episode's slot
+    in its step and the seconds left."""
     row = await pg.fetchrow(_CALL_OPENS, episode_id, token_hash)
     if row is None:
         await why_not(pg, episode_id, token_hash)

@@ -24,12 +24,15 @@ def gateway_run(model: Any, **overrides: Any) -> dict[str, Any]:
     return body
 
 
-async def two_turns(episode: trainyard.Episode) -> float:
+async def two_turns(episode: trainyard.Episode, seed: int | None = None) -> float:
     """The harness: the input, then "Again." after the model's answer (the second call
-    streamed); the reward is the share of letters a in the last answer."""
+    streamed, the first with ``seed`` if given); the reward is the share of letters a in the
+    last answer."""
     client = episode.openai_client()
     messages: list[Any] = episode.messages
-    first = await client.chat.completions.create(model="policy", messages=messages)
+    first = await client.chat.completions.create(
+        model="policy", messages=messages, **({} if seed is None else {"seed": seed})
+    )
     messages = [*messages, first.choices[0].message.model_dump(exclude_none=True)]
     messages.append({"role": "user", "content": "Again."})
     stream = await client.chat.completions.create(

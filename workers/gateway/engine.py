@@ -93,6 +93,24 @@ class Call:
     tools: list[dict[str, Any]] | None
     prompt_ids: list[int] | None = None
     continued: bool = False  # the prompt extends the episode's previous call's ids
+    seed: int | None = None  # the sampling seed, where the engine takes one per call
+
+
+def call_seed(run_seed: int, phase: str, step: int, ask: dict[str, Any]) -> int | None:
+    """A call's sampling seed: the harness's ``seed``, else one derived from the run's seed
+    and the call's place (the step, the episode's slot in it, which claim, which call), so
+    that the same run asks for the same samples again (None where the API did not say the
+    place)."""
+    asked = (ask.get("request") or {}).get("seed")
+    if isinstance(asked, int) and not isinstance(asked, bool):
+        return asked % 2**63
+    if not isinstance(ask.get("slot"), int) or not isinstance(ask.get("seq"), int):
+        return None
+    place = (phase == "eval", step, ask["slot"], int(ask.get("issue", 0)), ask["seq"])
+    seed = run_seed
+    for part in place:
+        seed = (seed * 1_000_003 + int(part)) % 2**61
+    return seed % 2**31
 
 
 class Engine:
@@ -263,8 +281,9 @@ class Engine:
         max_new, _, _, stops = key
         prompts = [c.prompt_ids or [] for c in calls]
         replies = []
+        seeds = [c.seed for c in calls]
         for prompt, call, (tokens, logps) in zip(
-            prompts, calls, self._sample(prompts, key), strict=True
+            prompts, calls, self._sample(prompts, key, seeds), strict=True
         ):
             n, reason = self._cut(tokens, stops, max_new)
             completion = tokens[:n]
@@ -281,10 +300,11 @@ class Engine:
         return replies
 
     def _sample(
-        self, prompts: list[list[int]], key: tuple[Any, ...]
+        self, prompts: list[list[int]], key: tuple[Any, ...], seeds: list[int | None]
     ) -> list[tuple[list[int], list[float]]]:
         """Each prompt's sampled tokens (up to ``key``'s limit, perhaps past where the
-        completion ends) and each token's log-probability."""
+        completion ends) and each token's log-probability; ``seeds``, each call's seed, where
+        the engine samples each call with its own (vLLM servers)."""
         raise NotImplementedError
 
 
@@ -293,7 +313,7 @@ class TransformersEngine(Engine):
     (``grpo.engine: transformers``)."""
 
     def _sample(
-        self, prompts: list[list[int]], key: tuple[Any, ...]
+        self, prompts: list[list[int]], key: tuple[Any, ...], seeds: list[int | None]
     ) -> list[tuple[list[int], list[float]]]:
         from trl.models.utils import unwrap_model_for_generation
 
@@ -355,7 +375,7 @@ class VLLMEngine(Engine):
             self.max_prompt_tokens = int(trainer.args.vllm_max_model_length)
 
     def _sample(
-        self, prompts: list[list[int]], key: tuple[Any, ...]
+        self, prompts: list[list[int]], key: tuple[Any, ...], seeds: list[int | None]
     ) -> list[tuple[list[int], list[float]]]:
         max_new, temperature, top_p, stops = key
         generation = self.trainer.vllm_generation
@@ -391,8 +411,9 @@ class ServerEngine(Engine):
     (``grpo.engine: vllm-server`` with ``grpo.lora``): before each batch TRL hands the
     rollout function, the adapter is saved and loaded into every server under the step's
     name (workers/ml/vllm_server.py, as for TRL's own rollouts), so no call is answered by a
-    stale one. Each call is one ``/v1/completions`` of its prompt's token ids, the calls of a
-    batch sent together and spread over the servers (each batches what arrives together).
+    stale one. Each call is one ``/v1/completions`` of its prompt's token ids with the call's
+    seed (:func:`call_seed`), the calls of a batch sent together and spread over the servers
+    (each batches what arrives together).
     The log-probabilities are what the servers return: TRL's definition (after temperature)
     when they run with ``--logprobs-mode processed_logprobs``."""
 
@@ -407,7 +428,7 @@ class ServerEngine(Engine):
         self.adapter = self.servers.sync(trainer)
 
     def _sample(
-        self, prompts: list[list[int]], key: tuple[Any, ...]
+        self, prompts: list[list[int]], key: tuple[Any, ...], seeds: list[int | None]
     ) -> list[tuple[list[int], list[float]]]:
         max_new, temperature, top_p, stops = key
         grpo = self.servers.grpo
@@ -425,9 +446,11 @@ class ServerEngine(Engine):
             body["stop"] = list(stops)
         pending = [
             self.servers.pool.submit(
-                self.servers.complete, self.sent + i, {**body, "prompt": prompt}
+                self.servers.complete,
+                self.sent + i,
+                {**body, "prompt": prompt, **({} if seed is None else {"seed": seed})},
             )
-            for i, prompt in enumerate(prompts)
+            for i, (prompt, seed) in enumerate(zip(prompts, seeds, strict=True))
         ]
         self.sent += len(prompts)
         return [future.result()[0] for future in pending]

@@ -37,7 +37,14 @@ from app.observability import prometheus
 from app.runs.spec.environments import GatewayEnvironment
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
-from workers.gateway.engine import BadCall, Call, Engine, engine_for, template_messages
+from workers.gateway.engine import (
+    BadCall,
+    Call,
+    Engine,
+    call_seed,
+    engine_for,
+    template_messages,
+)
 from workers.gateway.push import Pusher
 from workers.ml.vllm_server import LoraServers
 
@@ -236,7 +243,7 @@ class GatewayRollouts:
                 else:
                     ended = True
             if calls:
-                answered += self._answer(calls, version)
+                answered += self._answer(calls, phase, step, version)
             refresh = ended or not popped or time.monotonic() - checked > 0.5
 
     async def _state(self, phase: str, step: int) -> tuple[int, int, float | None, int]:
@@ -254,7 +261,7 @@ class GatewayRollouts:
             reissued,
         )
 
-    def _answer(self, asks: list[dict[str, Any]], version: int) -> int:
+    def _answer(self, asks: list[dict[str, Any]], phase: str, step: int, version: int) -> int:
         assert self.engine is not None
         calls: list[Call] = []
         pipe = self.redis.pipeline()
@@ -268,6 +275,7 @@ class GatewayRollouts:
                     request=request,
                     messages=template_messages(list(request.get("messages") or [])),
                     tools=canonical_tools(request.get("tools") or None),
+                    seed=call_seed(self.spec.grpo.seed, phase, step, ask),
                 )
                 self._prompt(call, int(ask.get("issue", 0)))
             except BadCall as exc:  # that call's 400 (the API matches replies by call_id)
