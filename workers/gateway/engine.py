@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from workers.ml.vllm_server import LoraServers
+from workers.ml.vllm_server import LoraServers, request_seed
 
 log = logging.getLogger(__name__)
 
@@ -106,11 +106,9 @@ def call_seed(run_seed: int, phase: str, step: int, ask: dict[str, Any]) -> int 
         return asked % 2**63
     if not isinstance(ask.get("slot"), int) or not isinstance(ask.get("seq"), int):
         return None
-    place = (phase == "eval", step, ask["slot"], int(ask.get("issue", 0)), ask["seq"])
-    seed = run_seed
-    for part in place:
-        seed = (seed * 1_000_003 + int(part)) % 2**61
-    return seed % 2**31
+    return request_seed(
+        run_seed, phase == "eval", step, ask["slot"], int(ask.get("issue", 0)), ask["seq"]
+    )
 
 
 class Engine:

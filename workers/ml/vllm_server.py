@@ -21,6 +21,7 @@ goes back to the queue and resumes from its last checkpoint once a worker takes 
 from __future__ import annotations
 
 import concurrent.futures
+import hashlib
 import logging
 import shutil
 import time
@@ -32,6 +33,15 @@ from workers.context import AttemptEnded
 from workers.llm.client import AnswerRejected, ChatClient, Endpoint, LLMError
 
 log = logging.getLogger(__name__)
+
+
+def request_seed(run_seed: int, *place: int) -> int:
+    """A request's sampling seed, from the run's seed and the request's place in the run
+    (step, rank, group; or a gateway call's): the same run asks for the same samples again.
+    Spread by a hash, not counted: vLLM seeds the ``n`` choices of a request ``seed``,
+    ``seed + 1``, ..., so requests seeded 1, 2, 3 would share their choices' noise."""
+    key = ",".join(str(int(part)) for part in (run_seed, *place)).encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
 
 
 class ServerUnavailable(AttemptEnded):
@@ -185,7 +195,6 @@ class ServerRollouts:
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
         groups = _runs_of(prompt_ids)
         grpo = self.grpo
-        seed = grpo.seed  # a seed of its own for each group's request
         calls = [
             self.servers.pool.submit(
                 self.servers.complete,
@@ -200,7 +209,7 @@ class ServerRollouts:
                     "top_k": grpo.top_k or -1,
                     "min_p": grpo.min_p or 0.0,
                     "repetition_penalty": grpo.repetition_penalty,
-                    "seed": (seed * 1_000_003 + step * 4_099 + self.ranks.rank * 257 + i) % 2**31,
+                    "seed": request_seed(grpo.seed, step, self.ranks.rank, i),
                 },
             )
             for i, (ids, n) in enumerate(groups)

@@ -1,10 +1,14 @@
-"""A gateway call's sampling seed (vLLM servers sample each call with its own): the harness's
-when it sends one, else derived from the run's seed and the call's place, so a run asks for
-the same samples again and no two calls of a run share one."""
+"""The seeds requests to vLLM servers carry: a LoRA run's group requests (``n`` choices each)
+and a gateway run's calls. Derived from the run's seed and the request's place, so a run asks
+for the same samples again, and spread so that no two requests' choices share a seed (vLLM
+seeds a request's choices seed, seed + 1, ...)."""
 
 from __future__ import annotations
 
+import itertools
+
 from workers.gateway.engine import call_seed
+from workers.ml.vllm_server import request_seed
 
 
 def _ask(slot: int = 0, seq: int = 1, issue: int = 1, **request: object) -> dict[str, object]:
@@ -34,3 +38,19 @@ def test_a_derived_seed_is_the_same_for_the_same_place_and_differs_elsewhere() -
 
 def test_an_api_that_does_not_say_the_place_leaves_the_call_unseeded() -> None:
     assert call_seed(42, "train", 3, {"issue": 1, "request": {}}) is None
+
+
+def test_the_choices_of_a_runs_group_requests_rarely_share_a_seed() -> None:
+    # 200 steps of 4 ranks x 16 groups of 64 rollouts. Requests seeded by counting (1, 2, 3,
+    # ...) would share 63 of each request's 64 choice seeds with a neighbour's; spread by a
+    # hash, a few choices of the 819,200 do.
+    n = 64
+    seeds = [
+        request_seed(42, step, rank, group) + j
+        for step, rank, group in itertools.product(range(200), range(4), range(16))
+        for j in range(n)
+    ]
+    shared = len(seeds) - len(set(seeds))
+    assert shared / len(seeds) < 1e-3, shared
+    assert request_seed(42, 3, 0, 1) == request_seed(42, 3, 0, 1)
+    assert all(0 <= s < 2**31 for s in seeds[::n])
