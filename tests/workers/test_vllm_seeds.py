@@ -1,7 +1,7 @@
 """The seeds requests to vLLM servers carry: a LoRA run's group requests (``n`` choices each)
 and a gateway run's calls. Derived from the run's seed and the request's place, so a run asks
-for the same samples again, and spread so that no two requests' choices share a seed (vLLM
-seeds a request's choices seed, seed + 1, ...)."""
+for the same samples again, and spread by a hash so that requests' choices rarely share a seed
+(vLLM seeds a request's choices seed, seed + 1, ...)."""
 
 from __future__ import annotations
 
