@@ -1,12 +1,14 @@
-"""A finished episode's calls made into TRL's sample: prompt ids, completion ids, the
+"""A finished episode's calls made into TRL's samples: prompt ids, completion ids, the
 sampled tokens' log-probabilities and the mask of what the policy sampled (``env_mask``).
 
 When every call's prompt extends the previous call's prompt and completion ids, the episode
 is one sequence: the first prompt, then each completion (trained) and the tokens between
-them (tool results, user turns: masked). When one does not (the harness edited its history,
-or the template renders the past differently), the episode is *split* there: TRL's batch
-holds one sample per rollout, so the sample is the last unbroken chain of calls (the rest
-is kept in the database, not trained on), and the episode's metadata says so.
+them (tool results, user turns: masked). When one does not (the harness edited or trimmed
+its history, or the template renders the past differently), the episode is *split* there
+into chains, each a sample of its own; they share the episode's advantage
+(workers/pipeline/hooks.py:GatewayTrainer), and the episode's metadata says so. A call
+asked again with the same prompt (a harness's retry) replaces the call it retries: the
+harness never saw that answer, so the episode's reward does not speak for it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ class Sample:
     logprobs: list[float] = field(default_factory=list)
     env_mask: list[int] = field(default_factory=list)
     calls: int = 0  # the calls the sample holds
-    split: bool = False  # an earlier chain of calls is not in it
 
     @property
     def trained_tokens(self) -> int:
@@ -41,14 +42,20 @@ def _start(call: StoredCall) -> Sample:
     return Sample(list(call.prompt_ids), list(call.completion_ids), list(call.logprobs), [1] * n, 1)
 
 
-def stitch(calls: list[StoredCall]) -> Sample:
-    """The episode's sample (``calls`` in order; at least one)."""
-    sample = _start(calls[0])
-    so_far = [*calls[0].prompt_ids, *calls[0].completion_ids]
-    for call in calls[1:]:
+def stitch(calls: list[StoredCall]) -> list[Sample]:
+    """The episode's samples, its chains of calls in order (``calls`` in order; at least
+    one): a single sample unless the episode is split."""
+    kept: list[StoredCall] = []
+    for call in calls:
+        if kept and call.prompt_ids == kept[-1].prompt_ids:
+            kept.pop()  # retried: the answer the harness went on with is the later one
+        kept.append(call)
+    chains = [_start(kept[0])]
+    so_far = [*kept[0].prompt_ids, *kept[0].completion_ids]
+    for call in kept[1:]:
+        sample = chains[-1]
         if call.prompt_ids[: len(so_far)] != so_far:
-            sample = _start(call)
-            sample.split = True
+            chains.append(_start(call))
         else:
             between = call.prompt_ids[len(so_far) :]
             sample.completion_ids += [*between, *call.completion_ids]
@@ -56,7 +63,7 @@ def stitch(calls: list[StoredCall]) -> Sample:
             sample.env_mask += [0] * len(between) + [1] * len(call.completion_ids)
             sample.calls += 1
         so_far = [*call.prompt_ids, *call.completion_ids]
-    return sample
+    return chains
 
 
 _FUNCTION_KEYS = ("name", "description", "parameters", "return")

@@ -248,5 +248,5 @@ async def test_an_api_killed_mid_stream_loses_no_recorded_call(
     async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
         trajectories = (await http.get(f"/runs/{run.id}/trajectories")).json()["data"]
     meta = next(t["metadata"] for t in trajectories if t["metadata"]["episode_id"] == episode.id)
-    # Two calls with one prompt: the retry does not extend the first, so only it is trained.
-    assert (meta["calls"], meta["sequence"], meta["trained_calls"]) == (2, "split", 1)
+    # Two calls with one prompt: the retry replaces the call it retries, which is not trained.
+    assert (meta["calls"], meta["sequence"], meta["trained_calls"]) == (2, "one", 1)

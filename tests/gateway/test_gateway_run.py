@@ -89,10 +89,10 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
     )
     assert len(first["logprobs"]) == len(first["completion_ids"])
     assert all(lp <= 0 for lp in first["logprobs"] + second["logprobs"])
-    sample = stitch(
+    (sample,) = stitch(
         [StoredCall(c["prompt_ids"], c["completion_ids"], c["logprobs"]) for c in (first, second)]
     )
-    assert not sample.split and sample.prompt_ids == first["prompt_ids"]
+    assert sample.prompt_ids == first["prompt_ids"]
     trained = [t for t, m in zip(sample.completion_ids, sample.env_mask, strict=True) if m]
     assert trained == first["completion_ids"] + second["completion_ids"]
     masked = len(sample.env_mask) - sum(sample.env_mask)
@@ -106,6 +106,49 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
     per_generation = await series(sessionmaker, run.id, "gateway/calls_per_generation")
     assert [step for step, _ in per_generation] == [1, 2, 3]
     assert all(1 <= value <= 16 for _, value in per_generation), per_generation
+
+
+async def summarised(episode: trainyard.Episode) -> float:
+    """A harness that edits its history: after the first answer it asks again with the
+    conversation rewritten as one user turn, so the second call does not continue the
+    first."""
+    client = episode.openai_client()
+    first = await client.chat.completions.create(model="policy", messages=episode.messages)
+    said = first.choices[0].message.content or ""
+    rewritten = [{"role": "user", "content": f"Earlier you said {said!r}. Again."}]
+    second = await client.chat.completions.create(model="policy", messages=rewritten)
+    text = second.choices[0].message.content or ""
+    return text.count("a") / len(text) if text else 0.0
+
+
+async def test_an_edited_history_is_trained_as_one_sample_per_chain_and_says_so(
+    tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    start_worker(**worker_home)
+    body = gateway_run(tiny_model, max_steps=1, grpo={"groups_per_step": 1})
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        await run.play(summarised, concurrency=4)
+        await run.refresh()
+    assert run.status == "completed", run.data.get("error")
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        trajectories = (await http.get(f"/runs/{run.id}/trajectories")).json()["data"]
+        assert len(trajectories) == 4
+        for trajectory in trajectories:
+            meta = trajectory["metadata"]
+            episode = (
+                await http.get(f"/episodes/{meta['episode_id']}", params={"tokens": "true"})
+            ).json()
+            sampled = sum(len(c["completion_ids"]) for c in episode["call_log"])
+            assert (meta["sequence"], meta["chains"], meta["calls"], meta["trained_calls"]) == (
+                "split",
+                2,
+                2,
+                2,
+            )
+            # Both calls' sampled tokens are trained, each chain a sample of its own.
+            assert meta["trained_tokens"] == sampled
+    assert await series(sessionmaker, run.id, "gateway/episodes_split") == [(1, 4.0)]
 
 
 async def test_an_episode_token_opens_that_episode_only(

@@ -14,8 +14,10 @@ For each batch TRL asks for (a training step, or an evaluation):
    past their deadline are taken back and handed out again, up to ``max_issues``, then the
    episode is dropped. Cancel and a lost lease end the wait.
 3. *samples*: each episode's calls of its last claim, stitched into TRL's prompt ids,
-   completion ids, log-probabilities and ``env_mask`` (workers/gateway/samples.py); an
-   episode without a reward is a rollout that has none (the run's dropped rollouts).
+   completion ids, log-probabilities and ``env_mask`` (app/gateway/samples.py); a split
+   episode's earlier chains go with it (``earlier_chains``) for GatewayTrainer to train
+   with the episode's advantage; an episode without a reward is a rollout that has none
+   (the run's dropped rollouts).
 """
 
 from __future__ import annotations
@@ -362,6 +364,7 @@ class GatewayRollouts:
             "completion_ids": [],
             "logprobs": [],
             "env_mask": [],
+            "earlier_chains": [],
             "gateway": [],
         }
         if len(episodes) != len(prompts):
@@ -376,16 +379,22 @@ class GatewayRollouts:
             ]
             failure = _failure(row, calls)
             if calls:
-                sample = stitch(calls)
+                chains = stitch(calls)
             else:  # nothing the policy sampled: a rollout without reward, trained on nothing
-                sample = Sample(
-                    self.engine.render(template_messages(prompt), None), [eos], [0.0], [0]
-                )
+                chains = [
+                    Sample(self.engine.render(template_messages(prompt), None), [eos], [0.0], [0])
+                ]
+            # The last chain is the rollout's row; the earlier ones of an episode with a
+            # reward are rows of their own with its advantage (GatewayTrainer). An episode
+            # without one trains on nothing: its advantage is zero.
+            trained = chains if failure is None else chains[-1:]
+            sample = chains[-1]
             out["prompt_ids"].append(sample.prompt_ids)
             out["completion_ids"].append(sample.completion_ids)
             out["logprobs"].append(sample.logprobs)
             out["env_mask"].append(sample.env_mask)
-            out["gateway"].append(_episode_view(row, sample, calls, prompt, failure))
+            out["earlier_chains"].append(trained[:-1])
+            out["gateway"].append(_episode_view(row, chains, trained, calls, prompt, failure))
         return out
 
 
@@ -429,7 +438,8 @@ def _conversation(row: Any, prompt: list[dict[str, Any]]) -> list[dict[str, Any]
 
 def _episode_view(
     row: Any,
-    sample: Sample,
+    chains: list[Sample],
+    trained: list[Sample],
     calls: list[StoredCall],
     prompt: list[dict[str, Any]],
     failure: str | None,
@@ -456,10 +466,11 @@ def _episode_view(
             "episode_status": row["status"],
             "issues": int(row["issued"]),
             "calls": len(calls),
-            "sequence": "split" if sample.split else "one",
-            "trained_calls": sample.calls,
-            "trained_tokens": sample.trained_tokens,
-            "masked_tokens": len(sample.env_mask) - sample.trained_tokens,
+            "sequence": "split" if len(chains) > 1 else "one",
+            "chains": len(chains),
+            "trained_calls": sum(c.calls for c in trained),
+            "trained_tokens": sum(c.trained_tokens for c in trained),
+            "masked_tokens": sum(len(c.env_mask) - c.trained_tokens for c in trained),
             "policy_version": versions[-1] if versions else None,
             **({"harness_metrics": metrics} if metrics else {}),
         },

@@ -144,12 +144,62 @@ class AgentTrainer(GRPOTrainer):  # type: ignore[misc]
 
 
 class GatewayTrainer(GRPOTrainer):  # type: ignore[misc]
-    """TRL's GRPOTrainer, unchanged, keeping the rows of the batch it generates for: a
-    gateway run's rollout function makes an episode of each, and TRL hands it the prompts
-    only (workers/gateway/rollouts.py)."""
+    """TRL's GRPOTrainer, keeping the rows of the batch it generates for (a gateway run's
+    rollout function makes an episode of each, and TRL hands it the prompts only:
+    workers/gateway/rollouts.py), and training a split episode's earlier chains of calls
+    (app/gateway/samples.py) as rows of their own with the episode's advantage.
+
+    TRL's batch holds one row per rollout, and its rewards and advantages are computed per
+    rollout, so the earlier chains join the batch right after generation: TRL pads them,
+    scores them under the policy and the reference, corrects for the engine's sampling and
+    counts their tokens in the loss's normaliser like any row's; only their advantages are
+    added here, each its episode's. A training batch is split into ``steps_per_generation``
+    equal micro-batches, so rows with nothing to train (every token masked, advantage 0)
+    fill it up to a multiple: they add nothing to the ``dapo`` and ``bnpo`` losses, and
+    count as rows in the per-row means of ``grpo`` and ``dr_grpo``. Evaluations train
+    nothing and take the last chains only."""
 
     gateway_inputs: list[dict[str, Any]] = []
+    _owners: list[int] = []  # for each row added, its episode's row; -1 for a filler
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> Any:
         self.gateway_inputs = inputs
-        return super()._generate_and_score_completions(inputs)
+        self._owners = []
+        output = super()._generate_and_score_completions(inputs)
+        if self._owners:
+            advantages = output["advantages"]
+            owners = torch.tensor(self._owners, device=advantages.device)
+            added = torch.where(
+                owners >= 0, advantages[owners.clamp(min=0)], torch.zeros_like(owners).float()
+            )
+            output["advantages"] = torch.cat([advantages, added.to(advantages.dtype)])
+        return output
+
+    def _generate(self, prompts: list[Any]) -> Any:
+        out = list(super()._generate(prompts))
+        prompt_ids, completion_ids, env_mask, _, logprobs, extra_fields = out[:6]
+        earlier = extra_fields.pop("earlier_chains", None) or []
+        if not self.model.training:
+            return tuple(out)
+        for row, chains in enumerate(earlier):
+            for chain in chains:
+                self._owners.append(row)
+                prompt_ids.append(chain.prompt_ids)
+                completion_ids.append(chain.completion_ids)
+                env_mask.append(chain.env_mask)
+                logprobs.append(chain.logprobs)
+        if self._owners:
+            eos, pad = self.eos_token_ids[0], self._tokenizer.pad_token_id
+            while len(self._owners) % self.args.steps_per_generation:
+                self._owners.append(-1)
+                prompt_ids.append([pad])
+                completion_ids.append([eos])
+                env_mask.append([0])
+                logprobs.append([0.0])
+        return tuple(out)
+
+    def _calculate_rewards(
+        self, inputs: list[Any], prompts: list[Any], completions: list[Any], ids: list[Any]
+    ) -> Any:
+        # One reward per rollout: the rows added after them share their episode's.
+        return super()._calculate_rewards(inputs, prompts, completions, ids[: len(prompts)])

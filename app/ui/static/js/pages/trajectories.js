@@ -234,7 +234,9 @@ function episodePanel(m) {
       " / ",
       h("span", { class: "masked" }, `${m.masked_tokens} masked`),
       " tokens",
-      m.sequence === "split" ? h("span", { class: "tag bad" }, `split: ${m.trained_calls} trained`) : null,
+      m.sequence === "split"
+        ? h("span", { class: "tag", title: "the harness edited its history: each chain of calls trained as a sample of its own" }, `split: ${m.chains} samples`)
+        : null,
     ],
     body,
     { cls: "episode" },
