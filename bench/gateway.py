@@ -10,7 +10,8 @@ worker answers (prompt and completion ids, log-probabilities, a parsed message).
 runs, so what a call costs is the gateway's own path: the episode token checked and the call
 counted (one statement), the call handed over and answered through Redis, the call recorded
 (one insert, token ids packed), the OpenAI answer. ``--episodes`` harness tasks (one
-keep-alive connection each, plain ``httpx``) each hold a claimed episode and call its
+keep-alive connection each, a lean HTTP client by default, ``--client httpx`` for the
+client a Python harness has) each hold a claimed episode and call its
 ``/chat/completions`` in a loop for ``--duration`` s.
 
 Reported: calls per second; the latency each call had as its harness saw it (client) and as
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import multiprocessing
 import os
 import random
@@ -41,6 +43,7 @@ from typing import Any
 import httpx
 import kit
 from kit import BenchError, log
+from kit.load import RawHTTP
 from kit.machine import trainyard_version, versions_of, wait_for_quiet
 from kit.processes import stop_on_exit
 from kit.report import (
@@ -125,12 +128,20 @@ async def claim_all(ty: Trainyard, run_id: str, n: int) -> list[dict[str, Any]]:
 
 
 async def drive(
-    ty: Trainyard, episodes: list[dict[str, Any]], duration: float, think: float = 0.0
-) -> tuple[list[float], float, float]:
+    ty: Trainyard,
+    episodes: list[dict[str, Any]],
+    duration: float,
+    think: float = 0.0,
+    client: str = "raw",
+) -> tuple[list[float], float, float, float]:
     """Each episode calls in a loop for ``duration`` s, waiting about ``think`` s after each
     answer (uniformly 0.5-1.5 times it, and a first wait as long, so the episodes do not
     call in step): what a harness does while its tools run and a real engine generates.
-    Client latencies (ms), and the window as wall-clock times."""
+    ``client``: ``raw`` (one lean keep-alive connection per episode, ``kit.load.RawHTTP``)
+    or ``httpx`` (an ``httpx.AsyncClient`` per episode, as a Python harness has): the
+    harnesses share this machine's cores with the API, so the lean one leaves the API more
+    of them. Client latencies (ms), the window as wall-clock times, and the harnesses' CPU
+    seconds."""
     latencies: list[float] = []
     draw = random.Random(1)
     body = {
@@ -140,27 +151,58 @@ async def drive(
             {"role": "user", "content": "Say something."},
         ],
     }
+    payload = json.dumps(body).encode()
     start = time.monotonic() + 1.0
     end = start + duration
     wall_start = time.time() + 1.0
 
     async def one(episode: dict[str, Any]) -> None:
         path = f"/gateway/episodes/{episode['id']}/v1/chat/completions"
-        headers = {"Authorization": f"Bearer {episode['token']}"}
-        async with httpx.AsyncClient(base_url=ty.base_url, timeout=30) as http:
-            await http.get(f"/gateway/episodes/{episode['id']}/v1/models", headers=headers)
+        if client == "raw":
+            raw = RawHTTP(ty.base_url, episode["token"], 30)
+
+            async def call() -> tuple[int, bytes]:
+                return await raw.post(path, payload)
+        else:
+            http = httpx.AsyncClient(
+                base_url=ty.base_url,
+                timeout=30,
+                headers={"Authorization": f"Bearer {episode['token']}"},
+            )
+
+            async def call() -> tuple[int, bytes]:
+                r = await http.post(path, json=body)
+                return r.status_code, r.content
+
+        try:  # the connection opened before the window
+            models = f"/gateway/episodes/{episode['id']}/v1/models"
+            await (raw.get(models) if client == "raw" else http.get(models))
             await asyncio.sleep(max(0.0, start - time.monotonic()) + think * draw.random())
             while time.monotonic() < end:
                 t0 = time.monotonic()
-                r = await http.post(path, json=body, headers=headers)
-                if r.status_code != 200:
-                    raise BenchError(f"a call answered {r.status_code}: {r.text[:300]}")
+                status, answer = await call()
+                if status != 200:
+                    raise BenchError(f"a call answered {status}: {answer[:300]!r}")
                 latencies.append((time.monotonic() - t0) * 1000)
                 if think:
                     await asyncio.sleep(think * draw.uniform(0.5, 1.5))
+        finally:
+            if client == "raw":
+                raw.close()
+            else:
+                await http.aclose()
 
+    cpu = time.process_time()
     await asyncio.gather(*(one(e) for e in episodes))
-    return latencies, wall_start, wall_start + duration
+    return latencies, wall_start, wall_start + duration, time.process_time() - cpu
+
+
+def run_async(coro: Any) -> Any:
+    """``coro`` on uvloop, the loop the API serves on: the harnesses' own cost kept low."""
+    import uvloop
+
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        return runner.run(coro)
 
 
 def recorded_between(db_url: str, first: float, last: float) -> tuple[list[float], float]:
@@ -190,6 +232,12 @@ def main() -> int:
         default=400.0,
         help="the second phase's aimed-at calls per second over all episodes (each waits "
         "episodes / rate s between calls, as a harness does while its tools run)",
+    )
+    p.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="the harnesses' HTTP client: raw (lean, leaves the API its cores) or httpx",
     )
     add_trainyard_args(
         p,
@@ -227,14 +275,18 @@ def main() -> int:
         )
         engine.start()
         try:
-            episodes = asyncio.run(claim_all(ty, run["id"], args.episodes))
+            episodes = run_async(claim_all(ty, run["id"], args.episodes))
             wait_for_quiet(args.settle_timeout)
             log(f"{args.episodes} episodes calling back to back for {args.duration:.0f} s")
-            latencies, first, last = asyncio.run(drive(ty, episodes, args.duration))
+            latencies, first, last, cpu = run_async(
+                drive(ty, episodes, args.duration, client=args.client)
+            )
             overhead, rate = recorded_between(db_url, first, last)
             think = args.episodes / args.paced_rate
             log(f"then waiting ~{think * 1000:.0f} ms between calls for {args.duration:.0f} s")
-            paced_latencies, first, last = asyncio.run(drive(ty, episodes, args.duration, think))
+            paced_latencies, first, last, paced_cpu = run_async(
+                drive(ty, episodes, args.duration, think, client=args.client)
+            )
             paced, paced_rate = recorded_between(db_url, first, last)
         finally:
             stop.set()
@@ -297,6 +349,9 @@ def main() -> int:
         f"| as the harness saw it (client: send → answer read), median / p99 "
         f"| {c50:.2f} / {c99:.2f} ms | {d50:.2f} / {d99:.2f} ms | |",
         f"| calls recorded | {len(overhead):,} | {len(paced):,} | |",
+        f"| the harnesses' CPU per call ({args.client} client, on the same cores) "
+        f"| {cpu / max(1, len(latencies)) * 1000:.2f} ms "
+        f"| {paced_cpu / max(1, len(paced_latencies)) * 1000:.2f} ms | |",
         "",
         "Bytes stored (PostgreSQL `pg_column_size`, averages):",
         "",

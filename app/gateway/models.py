@@ -5,8 +5,9 @@ An episode is made by the worker when its step starts collecting, handed to a ha
 claim (``issued`` counts them; the claim's token is stored hashed), and ends ``finished``
 (the harness's reward), ``failed`` (the harness said so) or ``dropped`` (given out
 ``max_issues`` times without an end). A later attempt that redoes its step from an earlier
-checkpoint hands it out again (its calls came from weights that no longer exist); its
-earlier calls stay, under their issue.
+checkpoint hands it out again (its calls came from weights that no longer exist) under a
+new claim; its earlier calls stay, under their issue (the count goes on, and a hand-out of
+the lost attempt counts against ``max_issues``).
 
 Token ids and log-probabilities are stored as packed little-endian arrays (int32, float32):
 four bytes a token each, not JSON text (docs/gateway.md, storage).

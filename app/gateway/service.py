@@ -98,10 +98,11 @@ _RECORD = """
 
 # The worker's: a step's episodes (re)opened, fenced on its lease. A row an earlier attempt
 # left is handed out again unless it ended ($5: the attempt resumed from the weights its
-# calls came from, $6 their policy version).
+# calls came from, $6 their policy version). ``issued`` goes on counting: the next claim is
+# a claim of its own, and the calls made under the lost attempt's stay under theirs.
 _OPEN_RESET = """
     UPDATE episodes AS e
-       SET status = 'pending', attempt = $4, issued = 0, calls = 0, token_hash = NULL,
+       SET status = 'pending', attempt = $4, calls = 0, token_hash = NULL,
            claimed_at = NULL, deadline = NULL, reward = NULL, metrics = '{}'::jsonb,
            messages = NULL, error = NULL, ended_at = NULL
      WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3 AND e.attempt <> $4

@@ -185,16 +185,21 @@ async def test_a_worker_killed_mid_step_keeps_the_finished_episodes(
         held = await claim(ty, run.id, 4)
         for episode in held[:2]:
             await episode.finish(reward=await one_call(episode))
+        for episode in held[2:]:
+            await one_call(episode)  # a call in, no end yet
         before = {r.id: r for r in await episode_rows(sessionmaker, run.id)}
         worker.kill()  # mid-step: two episodes finished, two still being played
         start_worker(**worker_home)
-        # The unfinished two are handed out again (their old tokens open nothing); the
+        # The unfinished two are handed out again (their old tokens open nothing), under a
+        # claim of their own: their calls of the lost attempt stay, not trained on. The
         # finished two are kept as they ended, not played again.
         again = await claim(ty, run.id, 2)
         assert {e.id for e in again} == {e.id for e in held[2:]}
         with pytest.raises(trainyard.TrainyardError) as stale:
             await held[2].finish(reward=1.0)
         assert stale.value.status == 409
+        for episode in again:
+            await episode.finish(reward=await one_call(episode))
         await run.play(one_call, concurrency=4)  # the rest of the run
         await run.refresh()
     assert run.status == "completed", run.data.get("error")
@@ -209,6 +214,20 @@ async def test_a_worker_killed_mid_step_keeps_the_finished_episodes(
         )
     assert await trajectory_keys(sessionmaker, run.id) == letter_rows(2, groups=1, rollouts=4)
     assert (await wait_for(sessionmaker, run.id, lambda r: True)).attempt >= 2
+    async with sessionmaker() as s:
+        for replayed in again:
+            calls = (
+                await s.execute(
+                    text(
+                        "SELECT c.issue, c.seq, e.issued FROM episode_calls c JOIN episodes e"
+                        " ON e.id = c.episode_id WHERE c.episode_id = :e ORDER BY c.issue, c.seq"
+                    ),
+                    {"e": uuid.UUID(replayed.id)},
+                )
+            ).all()
+            # The lost attempt's call under its claim, the new one under a claim of its own.
+            assert [(c.issue, c.seq) for c in calls] == [(1, 1), (2, 1)], calls
+            assert calls[0].issued == 2
 
 
 async def test_an_api_killed_mid_stream_loses_no_recorded_call(
