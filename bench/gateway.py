@@ -7,9 +7,9 @@ One API process (``trainyard api``, one uvicorn worker) serves a gateway run who
 answered by a *fixed engine*: a process of this benchmark that pops the run's inbox
 (``app.gateway.wire``) and answers every call at once with the same token ids, the way the
 worker answers (prompt and completion ids, log-probabilities, a parsed message). No model
-runs, so what a call costs is the gateway's own path: the episode token checked and the call
-counted (one statement), the call handed over and answered through Redis, the call recorded
-(one insert, token ids packed), the OpenAI answer. ``--episodes`` harness tasks (one
+runs, so what a call costs is the gateway's own path: the episode token checked against its
+claim (one read), the call handed over, numbered and answered through Redis, the call
+recorded (one insert, token ids packed), the OpenAI answer. ``--episodes`` harness tasks (one
 keep-alive connection each, a lean HTTP client by default, ``--client httpx`` for the
 client a Python harness has) each hold a claimed episode and call its
 ``/chat/completions`` in a loop for ``--duration`` s.
@@ -84,6 +84,7 @@ def fixed_engine(redis_url: str, inbox: str, stop: Any) -> None:
         "policy_version": 0,
         "generation_ms": 0.0,
     }
+    seqs: dict[tuple[str, int], int] = {}  # the worker numbers each claim's calls
     while not stop.is_set():
         popped = client.blpop([inbox], timeout=0.2)
         if popped is None:
@@ -93,7 +94,10 @@ def fixed_engine(redis_url: str, inbox: str, stop: Any) -> None:
         for raw in asks:
             ask = wire.loads(raw)
             if ask.get("kind") == "call":
-                pipe.rpush(ask["reply_to"], wire.dumps({"call_id": ask["call_id"], **reply}))
+                claim = (ask["episode_id"], ask["issue"])
+                seqs[claim] = seq = seqs.get(claim, 0) + 1
+                answer = {"call_id": ask["call_id"], "seq": seq, **reply}
+                pipe.rpush(ask["reply_to"], wire.dumps(answer))
                 pipe.expire(ask["reply_to"], wire.REPLY_TTL_SECONDS)
         pipe.execute()
 
@@ -103,10 +107,10 @@ def insert_episodes(db_url: str, run_id: str, n: int, timeout: float) -> None:
         db_url,
         f"""INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
                 prompt, context, status, attempt, issued, max_issues, max_calls,
-                timeout_seconds, calls, metrics)
+                timeout_seconds, metrics)
             SELECT gen_random_uuid(), '{run_id}', 'train', 1, s, s / 8, s % 8,
                    '[{{"role": "user", "content": "Say something."}}]', '{{}}', 'pending', 1,
-                   0, 3, 1000000, {timeout}, 0, '{{}}'
+                   0, 3, 1000000, {timeout}, '{{}}'
               FROM generate_series(0, {n - 1}) AS s""",
     )
 

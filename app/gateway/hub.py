@@ -113,16 +113,20 @@ class GatewayHub:
                 popped = await self.redis.blpop([self._replies], timeout=BLOCK_SECONDS)
                 if popped is None:
                     continue
-                for raw in [popped[1], *(await self.redis.lpop(self._replies, 500) or [])]:
-                    reply = wire.loads(raw)
-                    waiting = self._calls.get(str(reply.get("call_id")))
-                    if waiting is not None and not waiting.done():
-                        waiting.set_result(reply)
+                self._deliver(popped[1])  # before another round trip for what queued behind
+                for raw in await self.redis.lpop(self._replies, 500) or []:
+                    self._deliver(raw)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # Redis went away: the calls time out, or are retried
                 log.warning("gateway replies: %s; reading again in 1 s", exc)
                 await asyncio.sleep(1)
+
+    def _deliver(self, raw: Any) -> None:
+        reply = wire.loads(raw)
+        waiting = self._calls.get(str(reply.get("call_id")))
+        if waiting is not None and not waiting.done():
+            waiting.set_result(reply)
 
     async def ended(self, run_id: uuid.UUID, episode_id: uuid.UUID) -> None:
         """Tell the run's worker an episode ended, so it stops waiting for it."""

@@ -100,7 +100,6 @@ class Episode(SQLModel, table=True):
     deadline: datetime | None = Field(
         default=None, sa_column=timestamp(nullable=True, default_now=False)
     )
-    calls: int = 0  # calls made under the current claim
     reward: float | None = Field(default=None, sa_column=Column(Float, nullable=True))
     metrics: dict[str, Any] = Field(default_factory=dict, sa_column=jsonb())
     messages: list[dict[str, Any]] | None = Field(

@@ -128,8 +128,9 @@ def _invalid(exc: ValidationError) -> JSONResponse:
 async def answer(
     request: Request, episode_id: uuid.UUID, digest: str, asked: dict[str, Any], started: float
 ) -> service.Answered | JSONResponse:
-    """Count the call against the episode's claim, have the run's worker answer ``asked`` (a
-    Chat Completions request) and record it: the answer, or OpenAI's error for the client."""
+    """Check the token's claim, have the run's worker answer ``asked`` (a Chat Completions
+    request; the worker numbers the claim's calls and holds them to max_calls) and record
+    it: the answer, or OpenAI's error for the client."""
     pg = request.app.state.pg
     try:
         opened = await service.open_call(pg, episode_id, digest)
@@ -144,9 +145,10 @@ async def answer(
                 "kind": "call",
                 "call_id": str(call_id),
                 "episode_id": str(episode_id),
+                "phase": opened["phase"],
+                "step": opened["step"],
                 "issue": opened["issued"],
                 "slot": opened["slot"],
-                "seq": opened["calls"],
                 "request": asked,
             },
             seconds,
@@ -168,6 +170,10 @@ async def answer(
         )
     if not reply.get("ok"):
         status = int(reply.get("status", 500))
+        if status == 409:  # the claim's calls are spent (max_calls)
+            return openai_error(
+                409, str(reply.get("message")), type_="conflict_error", code="episode_not_open"
+            )
         return openai_error(
             status,
             str(reply.get("message", "the engine failed")),
@@ -193,7 +199,7 @@ async def answer(
         episode_id=episode_id,
         run_id=opened["run_id"],
         issue=opened["issued"],
-        seq=opened["calls"],
+        seq=int(reply["seq"]),  # the worker numbers the claim's calls
         request=asked,
         reply=reply,
         response={"message": message, "finish_reason": finish, "usage": usage},

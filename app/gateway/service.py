@@ -57,7 +57,7 @@ _CLAIM = """
           FROM picked JOIN unnest($2::text[]) WITH ORDINALITY AS h(hash, n) USING (n)
     )
     UPDATE episodes AS e
-       SET status = 'claimed', issued = e.issued + 1, calls = 0, token_hash = hashed.hash,
+       SET status = 'claimed', issued = e.issued + 1, token_hash = hashed.hash,
            claimed_at = now(), deadline = now() + make_interval(secs => e.timeout_seconds)
       FROM hashed
      WHERE e.id = hashed.id
@@ -73,18 +73,18 @@ _END = """
     RETURNING run_id
 """
 
-# A call opens: the claim must be the token's and live, and under max_calls.
+# A call opens: the claim must be the token's and live. A read: the worker that answers
+# numbers the claim's calls and holds them to max_calls (workers/gateway/rollouts.py), and
+# the call's row is the record, so a call costs the database one write, not two.
 _CALL_OPENS = """
-    UPDATE episodes SET calls = calls + 1
+    SELECT run_id, phase, step, issued, slot,
+           extract(epoch FROM deadline - now()) AS seconds_left
+      FROM episodes
      WHERE id = $1 AND token_hash = $2 AND status = 'claimed' AND deadline > now()
-       AND calls < max_calls
-    RETURNING run_id, issued, calls, slot,
-              extract(epoch FROM deadline - now()) AS seconds_left
 """
 
 _WHY_NOT = """
-    SELECT status, token_hash = $2 AS ours, deadline > now() AS live, calls >= max_calls AS full,
-           max_calls
+    SELECT status, token_hash = $2 AS ours, deadline > now() AS live
       FROM episodes WHERE id = $1
 """
 
@@ -102,7 +102,7 @@ _RECORD = """
 # a claim of its own, and the calls made under the lost attempt's stay under theirs.
 _OPEN_RESET = """
     UPDATE episodes AS e
-       SET status = 'pending', attempt = $4, calls = 0, token_hash = NULL,
+       SET status = 'pending', attempt = $4, token_hash = NULL,
            claimed_at = NULL, deadline = NULL, reward = NULL, metrics = '{}'::jsonb,
            messages = NULL, error = NULL, ended_at = NULL
      WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3 AND e.attempt <> $4
@@ -117,9 +117,9 @@ _OPEN_RESET = """
 _OPEN_INSERT = """
     INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
                           task_input_id, prompt, context, status, attempt, issued, max_issues,
-                          max_calls, timeout_seconds, calls, metrics)
+                          max_calls, timeout_seconds, metrics)
     SELECT gen_random_uuid(), $1, $2, $3, r.slot, r.group_index, r.rollout_index,
-           r.task_input_id, r.prompt, r.context, 'pending', $4, 0, $5, $6, $7, 0, '{}'::jsonb
+           r.task_input_id, r.prompt, r.context, 'pending', $4, 0, $5, $6, $7, '{}'::jsonb
       FROM jsonb_to_recordset(($8::text)::jsonb)
            AS r(slot int, group_index int, rollout_index int, task_input_id uuid,
                 prompt jsonb, context jsonb)
@@ -239,14 +239,12 @@ async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> N
             "The claim of this token was taken back at its deadline; the episode is handed "
             "out again (claim it anew)."
         )
-    if row["full"]:
-        raise EpisodeNotOpen(f"The episode has made its {row['max_calls']} calls (max_calls).")
     raise EpisodeNotOpen("The episode is not open.")
 
 
 async def open_call(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> asyncpg.Record:
-    """Count a call against the token's live claim: the run, issue, seq, the episode's slot
-    in its step and the seconds left."""
+    """The token's live claim a call is made under: the run, the episode's phase, step and
+    slot in it, the issue and the seconds left."""
     row = await pg.fetchrow(_CALL_OPENS, episode_id, token_hash)
     if row is None:
         await why_not(pg, episode_id, token_hash)
@@ -311,8 +309,10 @@ async def record_call(
 # -- reading ---------------------------------------------------------------------------------
 
 _EPISODE_COLUMNS = """e.id, e.run_id, e.phase, e.step, e.group_index, e.rollout_index,
-    e.task_input_id, e.status, e.attempt, e.issued, e.calls, e.reward, e.metrics, e.error,
-    e.deadline, e.created_at, e.ended_at"""
+    e.task_input_id, e.status, e.attempt, e.issued, e.reward, e.metrics, e.error,
+    e.deadline, e.created_at, e.ended_at,
+    (SELECT count(*) FROM episode_calls c WHERE c.episode_id = e.id AND c.issue = e.issued)
+        AS calls"""
 
 
 def _decoded(row: asyncpg.Record) -> dict[str, Any]:

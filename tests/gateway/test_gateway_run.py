@@ -9,6 +9,7 @@ import uuid
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import trainyard
 
@@ -149,6 +150,36 @@ async def test_an_edited_history_is_trained_as_one_sample_per_chain_and_says_so(
             # Both calls' sampled tokens are trained, each chain a sample of its own.
             assert meta["trained_tokens"] == sampled
     assert await series(sessionmaker, run.id, "gateway/episodes_split") == [(1, 4.0)]
+
+
+async def test_a_claim_makes_at_most_max_calls_and_each_is_numbered(
+    tenant, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    start_worker(**worker_home)
+    body = gateway_run(tiny_model, max_steps=1, grpo={"groups_per_step": 1})
+    body["environment"]["max_calls"] = 2
+    refused: list[str] = []
+
+    async def three_calls(episode: trainyard.Episode) -> float:
+        client = episode.openai_client(max_retries=0)
+        for _ in range(2):
+            await client.chat.completions.create(model="policy", messages=episode.messages)
+        with pytest.raises(openai.ConflictError) as third:
+            await client.chat.completions.create(model="policy", messages=episode.messages)
+        refused.append(third.value.message)
+        return 0.5
+
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        await run.play(three_calls, concurrency=4)
+        await run.refresh()
+        assert run.status == "completed", run.data.get("error")
+    assert len(refused) == 4 and all("max_calls" in m for m in refused), refused
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        episodes = (await http.get(f"/runs/{run.id}/episodes")).json()["data"]
+        assert [e["calls"] for e in episodes] == [2, 2, 2, 2]
+        detail = (await http.get(f"/episodes/{episodes[0]['id']}")).json()
+    assert [(c["issue"], c["seq"]) for c in detail["call_log"]] == [(1, 1), (1, 2)]
 
 
 async def test_an_episode_token_opens_that_episode_only(

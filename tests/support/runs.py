@@ -114,9 +114,9 @@ async def add_episodes(maker: Maker, run_id: uuid.UUID, count: int) -> list[uuid
             """
             INSERT INTO episodes (id, run_id, phase, step, slot, group_index, rollout_index,
                                   prompt, context, status, attempt, issued, max_issues,
-                                  max_calls, timeout_seconds, calls, metrics)
+                                  max_calls, timeout_seconds, metrics)
             VALUES ($1, $2, 'train', 1, $3, 0, $3, '[{"role": "user", "content": "hi"}]',
-                    '{}', 'pending', 1, 0, 3, 8, 60, 0, '{}')
+                    '{}', 'pending', 1, 0, 3, 8, 60, '{}')
             """,
             [(episode, run_id, i) for i, episode in enumerate(ids)],
         )

@@ -130,8 +130,11 @@ class GatewayRollouts:
                 min(64, batch),
                 lambda message: self.redis.rpush(self.inbox, message),
             )
-        # Per claimed episode: the template messages and token ids its last call ended with.
+        # Per claim (episode, issue) of the batch served: the template messages and token ids
+        # its last call ended with, and how many calls it made (numbered from 1, at most
+        # max_calls; the API records each under its number).
         self.history: dict[tuple[str, int], tuple[list[dict[str, Any]], list[int], Any]] = {}
+        self.seqs: dict[tuple[str, int], int] = {}
 
     def close(self) -> None:
         if self.pusher is not None:
@@ -171,6 +174,7 @@ class GatewayRollouts:
             time.monotonic() - started,
         )
         self.history.clear()
+        self.seqs.clear()
         return out
 
     # -- 1. open -------------------------------------------------------------------------------
@@ -266,9 +270,14 @@ class GatewayRollouts:
     def _answer(self, asks: list[dict[str, Any]], phase: str, step: int, version: int) -> int:
         assert self.engine is not None
         calls: list[Call] = []
+        seqs: list[int] = []
         pipe = self.redis.pipeline()
         for ask in asks:
             request = ask.get("request") or {}
+            refused = self._number(ask, phase, step)
+            if refused is not None:
+                self._refuse(pipe, ask, *refused)
+                continue
             try:
                 call = Call(
                     call_id=str(ask["call_id"]),
@@ -280,17 +289,15 @@ class GatewayRollouts:
                     seed=call_seed(self.spec.grpo.seed, phase, step, ask),
                 )
                 self._prompt(call, int(ask.get("issue", 0)))
-            except BadCall as exc:  # that call's 400 (the API matches replies by call_id)
-                refused = {"ok": False, "status": 400, "message": str(exc)}
-                self._reply(
-                    pipe, str(ask.get("reply_to")), {"call_id": ask.get("call_id"), **refused}
-                )
+            except BadCall as exc:  # that call's 400
+                self._refuse(pipe, ask, 400, str(exc))
                 continue
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("run %s: a gateway call that does not parse: %s", self.spec.id, exc)
                 continue
             call.request["_issue"] = int(ask.get("issue", 0))
             calls.append(call)
+            seqs.append(ask["seq"])
         if calls:
             try:
                 replies = self.engine.answer(calls, version)
@@ -300,11 +307,33 @@ class GatewayRollouts:
                     self._reply(pipe, call.reply_to, {"call_id": call.call_id, **failed})
                 pipe.execute()
                 raise
-            for call, reply in zip(calls, replies, strict=True):
+            for call, reply, seq in zip(calls, replies, seqs, strict=True):
                 self._remember(call, reply)
-                self._reply(pipe, call.reply_to, {"call_id": call.call_id, "ok": True, **reply})
+                answer = {"call_id": call.call_id, "ok": True, "seq": seq, **reply}
+                self._reply(pipe, call.reply_to, answer)
         pipe.execute()
         return len(calls)
+
+    def _number(self, ask: dict[str, Any], phase: str, step: int) -> tuple[int, str] | None:
+        """Give the call its number in its claim (``ask["seq"]``), or the status and reason
+        it is not answered: its episode is not of the batch served (a call that outlived its
+        step), or the claim has made its ``max_calls``."""
+        if (ask.get("phase"), ask.get("step")) != (phase, step):
+            return 409, "The episode's step is over."
+        try:
+            claim = (str(ask["episode_id"]), int(ask["issue"]))
+        except (KeyError, TypeError, ValueError):
+            return 400, "A call without its claim."
+        made = self.seqs.get(claim, 0)
+        if made >= self.env.max_calls:
+            return 409, f"The episode has made its {self.env.max_calls} calls (max_calls)."
+        self.seqs[claim] = ask["seq"] = made + 1
+        return None
+
+    def _refuse(self, pipe: Any, ask: dict[str, Any], status: int, message: str) -> None:
+        """That call's error (the API matches replies by call_id)."""
+        refused = {"call_id": ask.get("call_id"), "ok": False, "status": status}
+        self._reply(pipe, str(ask.get("reply_to")), {**refused, "message": message})
 
     def _reply(self, pipe: Any, key: str, body: dict[str, Any]) -> None:
         pipe.rpush(key, wire.dumps(body))

@@ -320,7 +320,8 @@ class GatewayEnvironment(Strict):
         default=32,
         ge=1,
         le=1_000,
-        description="The most model calls one episode may make; a call beyond it is refused.",
+        description="The most model calls one claim of an episode may make (an episode "
+        "handed out again starts over); a call beyond it is refused (409).",
     )
     tools: list[StorableObject] | None = Field(
         default=None,
