@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 
 from workers.gateway.engine import call_seed
-from workers.ml.vllm_server import request_seed
+from workers.ml.vllm_server import group_seed, request_seed
 
 
 def _ask(slot: int = 0, seq: int = 1, issue: int = 1, **request: object) -> dict[str, object]:
@@ -54,3 +54,11 @@ def test_the_choices_of_a_runs_group_requests_rarely_share_a_seed() -> None:
     assert shared / len(seeds) < 1e-3, shared
     assert request_seed(42, 3, 0, 1) == request_seed(42, 3, 0, 1)
     assert all(0 <= s < 2**31 for s in seeds[::n])
+
+
+def test_an_evaluations_group_requests_draw_other_seeds_than_the_next_training_steps() -> None:
+    # Both generate at the same global step; a training request's seed is its place's alone.
+    train = [group_seed(42, 3, 0, g, evaluation=False) for g in range(16)]
+    evaluation = [group_seed(42, 3, 0, g, evaluation=True) for g in range(16)]
+    assert not set(train) & set(evaluation)
+    assert train == [request_seed(42, 3, 0, g) for g in range(16)]

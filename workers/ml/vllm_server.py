@@ -44,6 +44,14 @@ def request_seed(run_seed: int, *place: int) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") % 2**31
 
 
+def group_seed(run_seed: int, step: int, rank: int, group: int, *, evaluation: bool) -> int:
+    """The seed of a LoRA run's group request: its step, rank and group, and for an
+    evaluation one more place (an evaluation at step t and training step t + 1 generate at
+    the same ``global_step``, and would otherwise draw the same noise). A training request's
+    place is the three alone, so its seeds are what they were before evaluations had one."""
+    return request_seed(run_seed, step, rank, group, *((1,) if evaluation else ()))
+
+
 class ServerUnavailable(AttemptEnded):
     """A vLLM server did not answer within its retries: this attempt ends, the run resumes
     later (after the re-dispatch interval, not at once: the server may need a while)."""
@@ -209,7 +217,9 @@ class ServerRollouts:
                     "top_k": grpo.top_k or -1,
                     "min_p": grpo.min_p or 0.0,
                     "repetition_penalty": grpo.repetition_penalty,
-                    "seed": request_seed(grpo.seed, step, self.ranks.rank, i),
+                    "seed": group_seed(
+                        grpo.seed, step, self.ranks.rank, i, evaluation=not trainer.model.training
+                    ),
                 },
             )
             for i, (ids, n) in enumerate(groups)
