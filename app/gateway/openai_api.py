@@ -170,7 +170,7 @@ async def answer(
         )
     if not reply.get("ok"):
         status = int(reply.get("status", 500))
-        if status == 409:  # the claim's calls are spent (max_calls)
+        if status == 409:  # the claim made its max_calls, or its step is over
             return openai_error(
                 409, str(reply.get("message")), type_="conflict_error", code="episode_not_open"
             )
