@@ -259,6 +259,17 @@ def sampling_agreement(model: Path, vllm_url: str, draws: int) -> str:
     )
 
 
+# What each run sampled, beside its reward (TRL's step logs, recorded as the run's metrics):
+# where two engines learn differently, these say whether they sampled differently.
+DIAGNOSTICS = {
+    "completions/mean_length": "completion length (tokens)",
+    "reward_std": "reward sd within a step",
+    "frac_reward_zero_std": "share of groups whose rollouts all scored alike",
+    "entropy": "policy entropy over the completion tokens (TRL's)",
+    "kl": "KL to the reference (TRL's)",
+}
+
+
 def train(
     ty: Trainyard, model: Path, label: str, grpo: dict[str, Any], seed: int, steps: int
 ) -> dict[str, Any]:
@@ -273,7 +284,7 @@ def train(
     except BenchError as e:
         raise BenchError(f"{label}, seed {seed}: {e}") from e
     wall = time.monotonic() - t0
-    series = ty.metrics(run["id"], "reward_mean", "step_seconds")
+    series = ty.metrics(run["id"], "reward_mean", "step_seconds", *DIAGNOSTICS)
     rewards = [v for _, v in series["reward_mean"]]
     seconds = [v for _, v in series["step_seconds"]]
     if len(rewards) != steps:
@@ -292,6 +303,11 @@ def train(
         "rewards": rewards,
         "last10": statistics.fmean(rewards[-10:]),
         "first10": statistics.fmean(rewards[:10]),
+        "diagnostics": {
+            name: statistics.fmean(v for _, v in series[name])
+            for name in DIAGNOSTICS
+            if series.get(name)
+        },
     }
 
 
@@ -308,6 +324,11 @@ def summarize(runs: list[dict[str, Any]], label: str) -> dict[str, Any]:
         "curve": [
             statistics.fmean(r["rewards"][i] for r in mine) for i in range(len(mine[0]["rewards"]))
         ],
+        "diagnostics": {
+            name: statistics.fmean(r["diagnostics"][name] for r in mine)
+            for name in DIAGNOSTICS
+            if all(name in r["diagnostics"] for r in mine)
+        },
     }
 
 
@@ -396,6 +417,14 @@ def render(
         + " | ".join(f"{s['last10']:.3f} ({s['last10_sd']:.3f})" for s in summaries)
         + " |" * len(others)
         + " |",
+        *(
+            f"| {what}, mean over steps | "
+            + " | ".join(f"{s['diagnostics'][name]:.3f}" for s in summaries)
+            + " |" * len(others)
+            + " |"
+            for name, what in DIAGNOSTICS.items()
+            if all(name in s["diagnostics"] for s in summaries)
+        ),
         "",
     ]
     noise = max(s["last10_sd"] for s in summaries)
