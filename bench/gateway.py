@@ -42,6 +42,7 @@ from typing import Any
 
 import httpx
 import kit
+import uvloop
 from kit import BenchError, log
 from kit.load import RawHTTP
 from kit.machine import trainyard_version, versions_of, wait_for_quiet
@@ -201,14 +202,6 @@ async def drive(
     return latencies, wall_start, wall_start + duration, time.process_time() - cpu
 
 
-def run_async(coro: Any) -> Any:
-    """``coro`` on uvloop, the loop the API serves on: the harnesses' own cost kept low."""
-    import uvloop
-
-    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
-        return runner.run(coro)
-
-
 def recorded_between(db_url: str, first: float, last: float) -> tuple[list[float], float]:
     """The API's own cost of each call recorded in [first, last) (wall-clock seconds), and
     the calls per second over the span they were recorded in."""
@@ -279,16 +272,16 @@ def main() -> int:
         )
         engine.start()
         try:
-            episodes = run_async(claim_all(ty, run["id"], args.episodes))
+            episodes = uvloop.run(claim_all(ty, run["id"], args.episodes))
             wait_for_quiet(args.settle_timeout)
             log(f"{args.episodes} episodes calling back to back for {args.duration:.0f} s")
-            latencies, first, last, cpu = run_async(
+            latencies, first, last, cpu = uvloop.run(
                 drive(ty, episodes, args.duration, client=args.client)
             )
             overhead, rate = recorded_between(db_url, first, last)
             think = args.episodes / args.paced_rate
             log(f"then waiting ~{think * 1000:.0f} ms between calls for {args.duration:.0f} s")
-            paced_latencies, first, last, paced_cpu = run_async(
+            paced_latencies, first, last, paced_cpu = uvloop.run(
                 drive(ty, episodes, args.duration, think, client=args.client)
             )
             paced, paced_rate = recorded_between(db_url, first, last)

@@ -94,6 +94,7 @@ class Call:
     prompt_ids: list[int] | None = None
     continued: bool = False  # the prompt extends the episode's previous call's ids
     seed: int | None = None  # the sampling seed, where the engine takes one per call
+    seq: int = 0  # its number in its claim (the worker's; the API records it under it)
 
 
 def call_seed(run_seed: int, phase: str, step: int, ask: dict[str, Any]) -> int | None:

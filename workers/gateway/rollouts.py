@@ -270,7 +270,6 @@ class GatewayRollouts:
     def _answer(self, asks: list[dict[str, Any]], phase: str, step: int, version: int) -> int:
         assert self.engine is not None
         calls: list[Call] = []
-        seqs: list[int] = []
         pipe = self.redis.pipeline()
         for ask in asks:
             request = ask.get("request") or {}
@@ -287,6 +286,7 @@ class GatewayRollouts:
                     messages=template_messages(list(request.get("messages") or [])),
                     tools=canonical_tools(request.get("tools") or None),
                     seed=call_seed(self.spec.grpo.seed, phase, step, ask),
+                    seq=ask["seq"],
                 )
                 self._prompt(call, int(ask.get("issue", 0)))
             except BadCall as exc:  # that call's 400
@@ -297,7 +297,6 @@ class GatewayRollouts:
                 continue
             call.request["_issue"] = int(ask.get("issue", 0))
             calls.append(call)
-            seqs.append(ask["seq"])
         if calls:
             try:
                 replies = self.engine.answer(calls, version)
@@ -307,9 +306,9 @@ class GatewayRollouts:
                     self._reply(pipe, call.reply_to, {"call_id": call.call_id, **failed})
                 pipe.execute()
                 raise
-            for call, reply, seq in zip(calls, replies, seqs, strict=True):
+            for call, reply in zip(calls, replies, strict=True):
                 self._remember(call, reply)
-                answer = {"call_id": call.call_id, "ok": True, "seq": seq, **reply}
+                answer = {"call_id": call.call_id, "ok": True, "seq": call.seq, **reply}
                 self._reply(pipe, call.reply_to, answer)
         pipe.execute()
         return len(calls)

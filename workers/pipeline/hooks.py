@@ -169,10 +169,8 @@ class GatewayTrainer(GRPOTrainer):  # type: ignore[misc]
         if self._owners:
             advantages = output["advantages"]
             owners = torch.tensor(self._owners, device=advantages.device)
-            added = torch.where(
-                owners >= 0, advantages[owners.clamp(min=0)], torch.zeros_like(owners).float()
-            )
-            output["advantages"] = torch.cat([advantages, added.to(advantages.dtype)])
+            added = torch.where(owners >= 0, advantages[owners.clamp(min=0)], 0.0)
+            output["advantages"] = torch.cat([advantages, added])
         return output
 
     def _generate(self, prompts: list[Any]) -> Any:
