@@ -68,9 +68,14 @@ class Maintenance:
     def start(self) -> None:
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 30) -> None:
+        """No new pass; the pass under way finishes. A pass stamps ``dispatched_at`` and then
+        publishes: a process that exited between the two (this thread is a daemon) would
+        leave a run it just handed over unpublished until ``redispatch_seconds``."""
         self._stop.set()
         self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     async def _ensure_listening(self) -> None:
         """LISTEN on a dedicated idle connection; re-established if it was lost."""
@@ -102,6 +107,8 @@ class Maintenance:
                     log.info("published %d due run(s)", published)
             except Exception as exc:
                 _failed("reconciler sweep failed", exc)
+            if self._stop.is_set():
+                break
             try:
                 # The webhook outbox: events committed since the last pass, and retries due.
                 self.runtime.run(deliver_due(self.runtime.sessionmaker, self.runtime.settings))
