@@ -66,8 +66,8 @@ async def test_the_maintenance_loop_delivers_after_commit(
                 got = await asyncio.to_thread(arrived.acquire, timeout=WAIT_SECONDS)
                 assert got, f"event {n} was not delivered"
         finally:
-            maintenance.stop()
-            maintenance._thread.join(WAIT_SECONDS)
+            maintenance.stop(WAIT_SECONDS)  # the pass under way ends before stop returns
+            assert not maintenance._thread.is_alive()
             if maintenance._listener is not None:
                 runtime.run(maintenance._listener.close())
             runtime.run(runtime.engine.dispose())
