@@ -32,6 +32,7 @@ from app.events.router import router as events_router
 from app.gateway.hub import GatewayHub
 from app.gateway.openai_api import router as gateway_openai_router
 from app.gateway.router import router as gateway_router
+from app.gateway.service import Claims
 from app.health import broker_client
 from app.health import router as health_router
 from app.inputs.router import router as inputs_router
@@ -89,6 +90,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         broker = redis_url(settings)
         app.state.redis = broker_client(broker)  # for /readyz
         app.state.gateway = GatewayHub(broker, settings.broker_prefix)
+        app.state.claims = Claims()
         app.state.rate_limiter = (
             RateLimiter(
                 broker,

@@ -118,7 +118,7 @@ class KeyCache:
     A revoked key stops working within ``ttl`` seconds in every API process. Concurrent
     misses for one key share a single lookup, so an expiry does not stampede the database
     (docs/benchmarks.md, "Where the time went"). Written here because nothing installed does
-    that second part: cachetools (not a dependency) has TTL maps but no shared async miss.
+    that second part: cachetools has TTL maps but no shared async miss.
     """
 
     def __init__(self, ttl: float = 5.0, max_entries: int = 10_000) -> None:

@@ -132,23 +132,24 @@ async def answer(
     request; the worker numbers the claim's calls and holds them to max_calls) and record
     it: the answer, or OpenAI's error for the client."""
     pg = request.app.state.pg
+    claims: service.Claims = request.app.state.claims
     try:
-        opened = await service.open_call(pg, episode_id, digest)
+        claim = await claims.open(pg, episode_id, digest)
     except (NotFound, Conflict) as exc:
         return _domain_error(exc)
     call_id = uuid.uuid4()
-    seconds = min(MAX_CALL_SECONDS, max(0.0, float(opened["seconds_left"])))
+    seconds = min(MAX_CALL_SECONDS, claim.seconds_left)
     try:
         reply = await request.app.state.gateway.ask(
-            opened["run_id"],
+            claim.run_id,
             {
                 "kind": "call",
                 "call_id": str(call_id),
                 "episode_id": str(episode_id),
-                "phase": opened["phase"],
-                "step": opened["step"],
-                "issue": opened["issued"],
-                "slot": opened["slot"],
+                "phase": claim.phase,
+                "step": claim.step,
+                "issue": claim.issued,
+                "slot": claim.slot,
                 "request": asked,
             },
             seconds,
@@ -170,7 +171,7 @@ async def answer(
         )
     if not reply.get("ok"):
         status = int(reply.get("status", 500))
-        if status == 409:  # the claim made its max_calls, or its step is over
+        if status == 409:  # the claim made its max_calls, its episode ended or its step is over
             return openai_error(
                 409, str(reply.get("message")), type_="conflict_error", code="episode_not_open"
             )
@@ -193,18 +194,22 @@ async def answer(
     )
     prometheus.GATEWAY_TOKENS.labels("prompt").inc(usage["prompt_tokens"])
     prometheus.GATEWAY_TOKENS.labels("completion").inc(usage["completion_tokens"])
-    await service.record_call(
-        pg,
-        call_id=call_id,
-        episode_id=episode_id,
-        run_id=opened["run_id"],
-        issue=opened["issued"],
-        seq=int(reply["seq"]),  # the worker numbers the claim's calls
-        request=asked,
-        reply=reply,
-        response={"message": message, "finish_reason": finish, "usage": usage},
-        latency_ms=latency_ms,
-    )
+    try:
+        await service.record_call(
+            pg,
+            claims,
+            call_id=call_id,
+            episode_id=episode_id,
+            token_hash=digest,
+            claim=claim,
+            seq=int(reply["seq"]),  # the worker numbers the claim's calls
+            request=asked,
+            reply=reply,
+            response={"message": message, "finish_reason": finish, "usage": usage},
+            latency_ms=latency_ms,
+        )
+    except (NotFound, Conflict) as exc:  # the claim was taken back while the policy answered
+        return _domain_error(exc)
     return service.Answered(
         call_id, message, finish, usage, int(reply["policy_version"]), episode_id
     )

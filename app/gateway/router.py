@@ -146,6 +146,7 @@ async def finish_episode(
 ) -> EpisodeEnded:
     """End the episode with its reward (null: none). 409 when its claim was taken back at
     the deadline or it already ended; 404 for an episode the token does not open."""
+    request.app.state.claims.forget(episode_id, token)
     run_id = await service.end(
         request.app.state.pg,
         episode_id,
@@ -170,6 +171,7 @@ async def fail_episode(
     episode_id: uuid.UUID, body: FailBody, request: Request, token: EpisodeToken
 ) -> EpisodeEnded:
     """End the episode as failed: it has no reward, and is not handed out again."""
+    request.app.state.claims.forget(episode_id, token)
     run_id = await service.end(
         request.app.state.pg, episode_id, token, status=EpisodeStatus.failed, error=body.error
     )

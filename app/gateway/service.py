@@ -8,12 +8,14 @@ claims past their deadline."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import asyncpg
+from cachetools import TLRUCache
 
 from app.core import jsontext
 from app.core.domain import Conflict, NotFound
@@ -73,9 +75,10 @@ _END = """
     RETURNING run_id
 """
 
-# A call opens: the claim must be the token's and live. A read: the worker that answers
-# numbers the claim's calls and holds them to max_calls (workers/gateway/rollouts.py), and
-# the call's row is the record, so a call costs the database one write, not two.
+# A claim's first call reads it (then :class:`Claims` keeps it): the claim must be the
+# token's and live. The worker that answers numbers the claim's calls and holds them to
+# max_calls (workers/gateway/rollouts.py), and the call's row is the record, written only
+# while the claim is still the token's: a call costs the database one write.
 _CALL_OPENS = """
     SELECT run_id, phase, step, issued, slot,
            extract(epoch FROM deadline - now()) AS seconds_left
@@ -92,7 +95,10 @@ _RECORD = """
     INSERT INTO episode_calls (id, episode_id, run_id, issue, seq, policy_version, request,
                                response, prompt_ids, completion_ids, logprobs, latency_ms,
                                generation_ms)
-    VALUES ($1, $2, $3, $4, $5, $6, ($7::text)::jsonb, ($8::text)::jsonb, $9, $10, $11, $12, $13)
+    SELECT $1, $2, $3, $4, $5, $6, ($7::text)::jsonb, ($8::text)::jsonb, $9, $10, $11, $12, $13
+     WHERE EXISTS (SELECT 1 FROM episodes
+                    WHERE id = $2 AND token_hash = $14 AND issued = $4 AND status = 'claimed'
+                      AND deadline > now())
 """
 
 
@@ -242,13 +248,60 @@ async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> N
     raise EpisodeNotOpen("The episode is not open.")
 
 
-async def open_call(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> asyncpg.Record:
-    """The token's live claim a call is made under: the run, the episode's phase, step and
-    slot in it, the issue and the seconds left."""
-    row = await pg.fetchrow(_CALL_OPENS, episode_id, token_hash)
-    if row is None:
-        await why_not(pg, episode_id, token_hash)
-    return row
+@dataclass(frozen=True)
+class Claim:
+    """A token's live claim of an episode, as a call needs it: the run, the episode's phase,
+    step and slot in it, the claim's number (``issued``) and its deadline."""
+
+    run_id: uuid.UUID
+    phase: str
+    step: int
+    issued: int
+    slot: int
+    deadline: float  # time.monotonic()
+
+    @property
+    def seconds_left(self) -> float:
+        return max(0.0, self.deadline - time.monotonic())
+
+
+class Claims:
+    """This API process's live claims, by episode and token hash: a claim's first call reads
+    it, the calls after it read nothing (a read before every call was a third of the
+    gateway's own cost, and most of its tail waiting for a pooled connection).
+
+    An entry leaves at the claim's deadline, when this process ends the episode, or when a
+    call's record finds the claim gone (ended through another API process, or taken back by
+    a worker's new attempt): the call's row is written only while the claim is the token's
+    (``_RECORD``), so a call on a claim taken back since is answered 409 and recorded
+    nowhere; the generation it cost is the price."""
+
+    def __init__(self, max_entries: int = 100_000) -> None:
+        self._live: TLRUCache[tuple[uuid.UUID, str], Claim] = TLRUCache(
+            max_entries, ttu=lambda _key, claim, _now: claim.deadline
+        )
+
+    async def open(self, pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> Claim:
+        """The token's live claim a call is made under (EpisodeNotFound, EpisodeNotOpen)."""
+        claim = self._live.get((episode_id, token_hash))
+        if claim is not None:
+            return claim
+        row = await pg.fetchrow(_CALL_OPENS, episode_id, token_hash)
+        if row is None:
+            await why_not(pg, episode_id, token_hash)
+        claim = Claim(
+            row["run_id"],
+            row["phase"],
+            row["step"],
+            row["issued"],
+            row["slot"],
+            time.monotonic() + float(row["seconds_left"]),
+        )
+        self._live[(episode_id, token_hash)] = claim
+        return claim
+
+    def forget(self, episode_id: uuid.UUID, token_hash: str) -> None:
+        self._live.pop((episode_id, token_hash), None)
 
 
 @dataclass(frozen=True)
@@ -277,23 +330,26 @@ class Answered:
 
 async def record_call(
     pg: asyncpg.Pool,
+    claims: Claims,
     *,
     call_id: uuid.UUID,
     episode_id: uuid.UUID,
-    run_id: uuid.UUID,
-    issue: int,
+    token_hash: str,
+    claim: Claim,
     seq: int,
     request: dict[str, Any],
     reply: dict[str, Any],
     response: dict[str, Any],
     latency_ms: float,
 ) -> None:
-    await pg.execute(
+    """The call's row, if its claim is still the token's; otherwise EpisodeNotOpen (or
+    EpisodeNotFound) and nothing recorded."""
+    status = await pg.execute(
         _RECORD,
         call_id,
         episode_id,
-        run_id,
-        issue,
+        claim.run_id,
+        claim.issued,
         seq,
         int(reply["policy_version"]),
         jsontext.jsonb(request),  # as the client sent it, NUL and NaN aside
@@ -303,7 +359,12 @@ async def record_call(
         wire.pack_floats(reply["logprobs"]),
         latency_ms,
         float(reply.get("generation_ms") or 0.0),
+        token_hash,
     )
+    if status != "INSERT 0 1":
+        claims.forget(episode_id, token_hash)
+        await why_not(pg, episode_id, token_hash)
+        raise EpisodeNotOpen("The episode is not open.")
 
 
 # -- reading ---------------------------------------------------------------------------------

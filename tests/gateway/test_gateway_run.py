@@ -14,6 +14,7 @@ import pytest
 import trainyard
 
 from app.gateway.samples import StoredCall, stitch
+from tests.support.api_process import api_process
 from tests.support.runs import series, trajectory_keys
 from tests.support.workers import letter_rows, letters_run
 
@@ -234,3 +235,48 @@ async def test_an_episode_token_opens_that_episode_only(
                 headers={"Authorization": f"Bearer {a.token}"},
             )
             assert again.status_code == 409 and "ended" in again.json()["detail"]
+
+
+async def test_a_claim_ended_through_another_api_process_takes_no_more_calls(
+    tenant, start_worker, tiny_model, worker_home, api_server, own_database, tmp_path
+) -> None:
+    """An API process keeps the claims its calls opened; a claim ended through another
+    process (behind one load balancer) is refused at its next call, which records nothing.
+    Three episodes end that way while the fourth holds the step open."""
+    start_worker(**worker_home)
+    refused: list[str] = []
+    three_refused = asyncio.Event()
+    with api_process(tmp_path / "api-2.log", own_database.env()) as other:
+
+        async def rollout(episode: trainyard.Episode) -> float | None:
+            client = episode.openai_client(max_retries=0)
+            await client.chat.completions.create(model="policy", messages=episode.messages)
+            if episode.data["rollout_index"] == 3:
+                await three_refused.wait()
+                return 0.5
+            async with httpx.AsyncClient(base_url=other.url) as http:
+                finish = await http.post(
+                    f"/episodes/{episode.id}/finish",
+                    json={"reward": 0.5},
+                    headers={"Authorization": f"Bearer {episode.token}"},
+                )
+                assert finish.status_code == 200, finish.text
+            episode.ended = True
+            with pytest.raises(openai.ConflictError) as late:
+                await client.chat.completions.create(model="policy", messages=episode.messages)
+            refused.append(late.value.message)
+            if len(refused) == 3:
+                three_refused.set()
+            return None
+
+        async with trainyard.Client(api_server.url, tenant.key) as ty:
+            run = await ty.create_run(
+                gateway_run(tiny_model, max_steps=1, grpo={"groups_per_step": 1})
+            )
+            await asyncio.wait_for(run.play(rollout, concurrency=4), 300)
+            await run.refresh()
+            assert run.status == "completed", run.data.get("error")
+    assert len(refused) == 3 and all("ended" in m for m in refused), refused
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        episodes = (await http.get(f"/runs/{run.id}/episodes")).json()["data"]
+    assert [(e["status"], e["calls"]) for e in episodes] == [("finished", 1)] * 4

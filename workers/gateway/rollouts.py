@@ -135,6 +135,9 @@ class GatewayRollouts:
         # max_calls; the API records each under its number).
         self.history: dict[tuple[str, int], tuple[list[dict[str, Any]], list[int], Any]] = {}
         self.seqs: dict[tuple[str, int], int] = {}
+        # The batch's episodes an API process said ended: their calls are refused at once
+        # (an API process that kept the claim would otherwise have one generated for nothing).
+        self.ended: set[str] = set()
 
     def close(self) -> None:
         if self.pusher is not None:
@@ -175,6 +178,7 @@ class GatewayRollouts:
         )
         self.history.clear()
         self.seqs.clear()
+        self.ended.clear()
         return out
 
     # -- 1. open -------------------------------------------------------------------------------
@@ -248,6 +252,7 @@ class GatewayRollouts:
                     calls.append(message)
                 else:
                     ended = True
+                    self.ended.add(str(message.get("episode_id")))
             if calls:
                 answered += self._answer(calls, phase, step, version)
             refresh = ended or not popped or time.monotonic() - checked > 0.5
@@ -316,9 +321,11 @@ class GatewayRollouts:
     def _number(self, ask: dict[str, Any], phase: str, step: int) -> tuple[int, str] | None:
         """Give the call its number in its claim (``ask["seq"]``), or the status and reason
         it is not answered: its episode is not of the batch served (a call that outlived its
-        step), or the claim has made its ``max_calls``."""
+        step), has ended, or the claim has made its ``max_calls``."""
         if (ask.get("phase"), ask.get("step")) != (phase, step):
             return 409, "The episode's step is over."
+        if str(ask.get("episode_id")) in self.ended:
+            return 409, "The episode has ended."
         try:
             claim = (str(ask["episode_id"]), int(ask["issue"]))
         except (KeyError, TypeError, ValueError):
