@@ -267,6 +267,10 @@ DIAGNOSTICS = {
     "frac_reward_zero_std": "share of groups whose rollouts all scored alike",
     "entropy": "policy entropy over the completion tokens (TRL's)",
     "kl": "KL to the reference (TRL's)",
+    "grad_norm": "gradient norm before clipping (TRL's)",
+    "sampling/sampling_logp_difference/mean": "the trainer's log-probability of a sampled "
+    "token minus the sampler's, mean (vLLM engines)",
+    "sampling/sampling_logp_difference/max": "the same, largest",
 }
 
 
@@ -308,6 +312,7 @@ def train(
             for name in DIAGNOSTICS
             if series.get(name)
         },
+        "series": {name: [v for _, v in series[name]] for name in DIAGNOSTICS if series.get(name)},
     }
 
 
@@ -419,11 +424,14 @@ def render(
         + " |",
         *(
             f"| {what}, mean over steps | "
-            + " | ".join(f"{s['diagnostics'][name]:.3f}" for s in summaries)
+            + " | ".join(
+                f"{s['diagnostics'][name]:.3f}" if name in s["diagnostics"] else "—"
+                for s in summaries
+            )
             + " |" * len(others)
             + " |"
             for name, what in DIAGNOSTICS.items()
-            if all(name in s["diagnostics"] for s in summaries)
+            if any(name in s["diagnostics"] for s in summaries)
         ),
         "",
     ]
