@@ -250,7 +250,7 @@ class GatewayRollouts:
                     continue
                 if message.get("kind") == "call":
                     calls.append(message)
-                else:
+                elif message.get("kind") == "ended":
                     ended = True
                     self.ended.add(str(message.get("episode_id")))
             if calls:
