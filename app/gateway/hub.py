@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio
@@ -23,6 +24,8 @@ from app.gateway import wire
 log = logging.getLogger(__name__)
 
 BLOCK_SECONDS = 2.0
+# How long a call waits for its answer before its claim is read again.
+RECHECK_SECONDS = 2.0
 
 
 class GatewayHub:
@@ -87,20 +90,35 @@ class GatewayHub:
 
     # -- calls travel here ---------------------------------------------------------------------
     async def ask(
-        self, run_id: uuid.UUID, message: dict[str, Any], seconds: float
+        self,
+        run_id: uuid.UUID,
+        message: dict[str, Any],
+        seconds: float,
+        *,
+        still_open: Callable[[], Awaitable[None]] | None = None,
     ) -> dict[str, Any] | None:
-        """Hand a call to the run's worker and wait for its answer (None: none in time)."""
+        """Hand a call to the run's worker and wait for its answer (None: none in time).
+        Every :data:`RECHECK_SECONDS` without one, ``still_open()`` is awaited: it raises
+        once the call's claim is gone (its run cancelled, say, and no worker left to
+        answer), which ends the wait with that error."""
         if self._reader is None or self._reader.done():
             self._reader = asyncio.create_task(self._read_replies(), name="gateway-replies")
         call_id = str(message["call_id"])
-        answer: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._calls[call_id] = answer
         try:
             await self.redis.rpush(
                 wire.inbox(self.prefix, run_id), wire.dumps({**message, "reply_to": self._replies})
             )
-            with contextlib.suppress(TimeoutError):
-                return await asyncio.wait_for(answer, max(0.01, seconds))
+            until = loop.time() + max(0.01, seconds)
+            while (left := until - loop.time()) > 0:
+                with contextlib.suppress(TimeoutError):  # shielded: the answer may come later
+                    return await asyncio.wait_for(
+                        asyncio.shield(answer), min(left, RECHECK_SECONDS)
+                    )
+                if still_open is not None:
+                    await still_open()
             return None
         finally:
             self._calls.pop(call_id, None)

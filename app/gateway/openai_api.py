@@ -153,7 +153,10 @@ async def answer(
                 "request": asked,
             },
             seconds,
+            still_open=lambda: claims.recheck(pg, episode_id, digest),
         )
+    except (NotFound, Conflict) as exc:  # the claim went while the call waited
+        return _domain_error(exc)
     except RedisError as exc:  # the broker is down: the SDKs retry a 503
         return openai_error(
             503,

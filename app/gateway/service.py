@@ -79,16 +79,20 @@ _END = """
 # token's and live. The worker that answers numbers the claim's calls and holds them to
 # max_calls (workers/gateway/rollouts.py), and the call's row is the record, written only
 # while the claim is still the token's: a call costs the database one write.
-_CALL_OPENS = """
-    SELECT run_id, phase, step, issued, slot,
-           extract(epoch FROM deadline - now()) AS seconds_left
-      FROM episodes
-     WHERE id = $1 AND token_hash = $2 AND status = 'claimed' AND deadline > now()
+_RUN_OVER = ", ".join(sorted(f"'{status.value}'" for status in TERMINAL))
+
+_CALL_OPENS = f"""
+    SELECT e.run_id, e.phase, e.step, e.issued, e.slot,
+           extract(epoch FROM e.deadline - now()) AS seconds_left
+      FROM episodes e JOIN runs r ON r.id = e.run_id
+     WHERE e.id = $1 AND e.token_hash = $2 AND e.status = 'claimed' AND e.deadline > now()
+       AND r.status NOT IN ({_RUN_OVER})
 """
 
 _WHY_NOT = """
-    SELECT status, token_hash = $2 AS ours, deadline > now() AS live
-      FROM episodes WHERE id = $1
+    SELECT e.status, e.token_hash = $2 AS ours, e.deadline > now() AS live,
+           r.status AS run_status
+      FROM episodes e JOIN runs r ON r.id = e.run_id WHERE e.id = $1
 """
 
 _RECORD = """
@@ -240,6 +244,8 @@ async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> N
         raise EpisodeNotFound()
     if row["status"] in ("finished", "failed", "dropped"):
         raise EpisodeNotOpen(f"The episode has ended ({row['status']}).")
+    if run_is_over(row["run_status"]):
+        raise EpisodeNotOpen(f"The episode's run has ended ({row['run_status']}).")
     if not row["ours"] or not row["live"]:
         raise EpisodeNotOpen(
             "The claim of this token was taken back at its deadline; the episode is handed "
@@ -299,6 +305,12 @@ class Claims:
         )
         self._live[(episode_id, token_hash)] = claim
         return claim
+
+    async def recheck(self, pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> None:
+        """Read the claim again (a call that has waited a while for its answer): raises as
+        :meth:`open` does once the claim is gone (ended, taken back, its run over)."""
+        self.forget(episode_id, token_hash)
+        await self.open(pg, episode_id, token_hash)
 
     def forget(self, episode_id: uuid.UUID, token_hash: str) -> None:
         self._live.pop((episode_id, token_hash), None)

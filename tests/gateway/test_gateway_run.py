@@ -280,3 +280,26 @@ async def test_a_claim_ended_through_another_api_process_takes_no_more_calls(
     async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
         episodes = (await http.get(f"/runs/{run.id}/episodes")).json()["data"]
     assert [(e["status"], e["calls"]) for e in episodes] == [("finished", 1)] * 4
+
+
+async def test_a_call_waiting_on_a_cancelled_run_is_refused_not_left_hanging(
+    tenant, start_worker, tiny_model, worker_home, api_server
+) -> None:
+    """The run is cancelled while a harness still holds a claim: its next call, which no
+    worker will answer, is refused once the claim is read again, not at its deadline."""
+    start_worker(**worker_home)
+    body = gateway_run(tiny_model, max_steps=1)
+    body["environment"]["episode_timeout_seconds"] = 600
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        episode = await anext(run.episodes(concurrency=1))
+        client = episode.openai_client(max_retries=0, timeout=60)
+        await client.chat.completions.create(model="policy", messages=episode.messages)
+        async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+            assert (await http.post(f"/runs/{run.id}/cancel")).status_code in (200, 202)
+            async for _ in run.follow(every=0.2):
+                pass
+        assert run.status == "cancelled"
+        with pytest.raises(openai.ConflictError) as late:
+            await client.chat.completions.create(model="policy", messages=episode.messages)
+    assert "run has ended (cancelled)" in late.value.message
