@@ -80,6 +80,7 @@ def trainer(tiny_model: Path, tmp_path: Path) -> Any:
         max_completion_length=8,
         beta=0.04,
         bf16=False,
+        dataloader_pin_memory=False,  # no accelerator here
         report_to=[],
         seed=0,
     )
