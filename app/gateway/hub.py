@@ -113,10 +113,9 @@ class GatewayHub:
             )
             until = loop.time() + max(0.01, seconds)
             while (left := until - loop.time()) > 0:
-                with contextlib.suppress(TimeoutError):  # shielded: the answer may come later
-                    return await asyncio.wait_for(
-                        asyncio.shield(answer), min(left, RECHECK_SECONDS)
-                    )
+                await asyncio.wait({answer}, timeout=min(left, RECHECK_SECONDS))
+                if answer.done():
+                    return answer.result()
                 if still_open is not None:
                     await still_open()
             return None

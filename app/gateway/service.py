@@ -22,7 +22,7 @@ from app.core.domain import Conflict, NotFound
 from app.gateway import tokens, wire
 from app.gateway.models import EpisodeStatus
 from app.runs.lifecycle.state import Fence
-from app.runs.lifecycle.status import TERMINAL
+from app.runs.lifecycle.status import TERMINAL, RunStatus
 
 
 class EpisodeNotFound(NotFound):
@@ -206,7 +206,7 @@ async def expire_claims(
 
 
 def run_is_over(status: str) -> bool:
-    return status in {s.value for s in TERMINAL}
+    return RunStatus(status).is_terminal
 
 
 async def end(
