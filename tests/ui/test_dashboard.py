@@ -69,6 +69,19 @@ async def _wait_status(
         await asyncio.sleep(0.25)
 
 
+async def _wait_step(
+    api: ApiProcess, tenant: Tenant, run_id: str, step: int, within: float = 300
+) -> None:
+    """Until the run has finished ``step`` (or ended)."""
+    deadline = time.monotonic() + within
+    while True:
+        run = await _run(api, tenant, run_id)
+        if run["step"] >= step or RunStatus(run["status"]).is_terminal:
+            return
+        assert time.monotonic() < deadline, f"run still at step {run['step']}"
+        await asyncio.sleep(0.1)
+
+
 async def _chart(page: Page, chart: str) -> list[list[float | None]]:
     """What uPlot plots for the chart: its data arrays (x, then one per series)."""
     data = await page.page.evaluate(
@@ -655,8 +668,46 @@ async def test_the_stream_resumes_after_a_drop_with_every_event_once(
     served = [e["id"] for e in await _events(api_server, tenant, run_id)]
     assert shown == sorted(shown, reverse=True)  # newest first, no repeats
     assert sorted(shown) == served  # none missing
+    # The last step's read may still be on its way when the stream ends.
+    await page.until("() => window.trainyard.charts['run:reward'].data[0].at(-1) === 16")
     data = await _chart(page, "run:reward")
     assert data[0] == list(range(1, 17))
+
+
+async def test_the_charts_miss_no_step_when_reads_straddle_commits(
+    page: Page, api_server: ApiProcess, tenant: Tenant, workers: Any, tiny_model: Any
+) -> None:
+    """Every other metrics read the page makes is held until the run has finished two more
+    steps, so reads answer from moments steps apart (as chunks of a many-named read, or a
+    slow proxy, do): the charts still end with every step once."""
+    body = letters_run(
+        tiny_model,
+        max_steps=8,
+        trained_model_name="straddled",
+        grpo={"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False},
+    )
+    run_id = await _create(api_server, tenant, body)
+    reads = 0
+
+    async def hold(route: Any) -> None:
+        nonlocal reads
+        reads += 1
+        if reads % 2 == 0:
+            run = await _run(api_server, tenant, run_id)
+            await _wait_step(api_server, tenant, run_id, min(run["step"] + 2, 8))
+        await route.continue_()
+
+    await page.page.route(re.compile(rf"/runs/{run_id}/metrics\?"), hold)
+    await page.sign_in(tenant.key, f"/ui/runs/{run_id}")
+    await page.until(
+        "() => document.getElementById('live-state').dataset.state === 'ended'", within=300
+    )
+    await page.until("() => window.trainyard.charts['run:reward'].data[0].at(-1) === 8")
+    data = await _chart(page, "run:reward")
+    served = (await _metrics(api_server, tenant, run_id, name="reward_mean"))["reward_mean"]
+    assert reads >= 4  # the first read and at least one held read after it
+    assert _points(data[1], data[0]) == [(p["step"], p["value"]) for p in served]
+    assert data[0] == list(range(1, 9))
 
 
 async def _events(api: ApiProcess, tenant: Tenant, run_id: str) -> list[dict[str, Any]]:

@@ -2,11 +2,18 @@
 // checkpoints; inputs; the run's settings.
 //
 // Live updates: after the first read of the metrics the page follows the run's event
-// stream (sse.js). A `step` event past the last step drawn fetches the metrics from the
-// next step on (`step_min`) and hands them to the charts with setData; `eval` fetches from
-// the evaluated step; `status`, `lease`, `checkpoint` and the stream's `end` update the
-// header and tables. Fetches are coalesced: at most one metrics read in flight, and events
-// arriving meanwhile widen the next one instead of queueing more.
+// stream (sse.js). A `step` event past the last step read reads the steps since
+// (`step_min`..`step_max`) and hands them to the charts with setData; `eval` reads again
+// from the evaluated step; `status`, `lease`, `checkpoint` and the stream's `end` update
+// the header and tables. Reads are coalesced: at most one in flight, and events arriving
+// meanwhile widen the next one instead of queueing more.
+//
+// The page knows how far its series are whole (`through`) and reads on from there. A read
+// of several requests (the first two; more than 20 names) is answered from different
+// moments, so each stops at a step known to be committed (`step_max`): the run's `step`,
+// then the last `step` or `eval` event's (a step's metric points commit with its event:
+// app/runs/lifecycle/step_moves.py). Without that bound one request could hold a step the
+// others missed, and the next read, starting after it, would never fetch what they missed.
 
 import * as api from "../api.js";
 import { align, Chart, MetricStore } from "../charts.js";
@@ -150,8 +157,25 @@ export async function mount(root, runId) {
   const specs = chartSpecs(run);
   const names = [...new Set(specs.flatMap((s) => s.names))];
   const extra = names.filter((n) => !baseNames.includes(n));
-  const metricsP = Promise.all([baseP, fetchMetrics(extra, {})]).then(([a, b]) => ({ ...a, ...b }));
 
+  // What the charts hold: every point at steps ≤ `through`. `committed`: the last step
+  // whose points are committed, as far as the page knows; `rereadFrom`: a step to read
+  // again from (an evaluation's); `ended`: the run is over, every point committed.
+  let through = -1;
+  let committed = run.step;
+  let rereadFrom = null;
+  let ended = TERMINAL.has(run.status);
+  // The first read of the series every run has holds every step up to its last (steps
+  // commit in order); the second, made after the run was read, every step up to the run's.
+  const metricsP = Promise.all([
+    baseP,
+    fetchMetrics(extra, { step_max: ended ? undefined : run.step }),
+  ]).then(([base, more]) => {
+    const last = Math.max(-1, ...Object.values(base).map((s) => s.steps.at(-1) ?? -1));
+    through = ended ? last : Math.min(last, run.step);
+    committed = Math.max(committed, last);
+    return { ...base, ...more };
+  });
   // --- layout -------------------------------------------------------------------------
   const head = h("div", { class: "run-head card", id: "run-head" });
   const charts = specs.map(
@@ -206,7 +230,6 @@ export async function mount(root, runId) {
   performance.measure("trainyard:run:first-render", "trainyard:run:start", "trainyard:run:rendered");
 
   // --- live ---------------------------------------------------------------------------
-  let pendingFrom = null;
   let metricsInFlight = false;
   let runDirty = false;
   let runInFlight = false;
@@ -225,7 +248,8 @@ export async function mount(root, runId) {
       liveState.textContent = `ended (${status})`;
       liveState.dataset.state = "ended";
       refreshRun();
-      wantMetrics(0 > store.lastStep ? 0 : store.lastStep);
+      ended = true;
+      pumpMetrics();
       refreshCheckpoints();
     },
     onError(err) {
@@ -238,6 +262,7 @@ export async function mount(root, runId) {
     },
   }).start();
   window.trainyard.run = { id: runId, store, stream };
+  pumpMetrics(); // the steps the first reads may have left out, if any
 
   function onEvent(event) {
     eventCount += 1;
@@ -250,14 +275,21 @@ export async function mount(root, runId) {
     switch (event.data?.type || event.type) {
       case "step":
         lastStepMessage = event.data.message;
-        if (typeof data.step === "number" && data.step > store.lastStep) {
+        if (typeof data.step === "number" && data.step > committed) {
+          committed = data.step;
           if (data.step > run.step) run = { ...run, step: data.step };
           renderHead();
-          wantMetrics(store.lastStep + 1);
+          pumpMetrics();
         }
         break;
       case "eval":
-        if (typeof data.step === "number") wantMetrics(data.step);
+        // An evaluation commits after its step's training metrics and before the next
+        // step's: one at a step the charts hold whole already is in them.
+        if (typeof data.step === "number" && data.step >= through) {
+          committed = Math.max(committed, data.step);
+          rereadFrom = Math.min(rereadFrom ?? data.step, data.step);
+          pumpMetrics();
+        }
         break;
       case "status":
         if (data.to && data.to !== run.status) {
@@ -293,19 +325,40 @@ export async function mount(root, runId) {
         : `${eventCount} events, newest first.`;
   }
 
-  function wantMetrics(fromStep) {
-    pendingFrom = pendingFrom === null ? fromStep : Math.min(pendingFrom, fromStep);
-    if (!metricsInFlight) pumpMetrics();
+  /** The steps to read next, {from, to}, or null. After the end, every step from the
+   * last one held (its evaluation may have committed after it) to the run's last. */
+  function nextRead() {
+    if (ended) {
+      const from = Math.min(through, rereadFrom ?? Infinity);
+      return from === Infinity ? null : { from, to: null };
+    }
+    const from = Math.min(through + 1, rereadFrom ?? Infinity);
+    return from <= committed ? { from, to: committed } : null;
+  }
+
+  /** Reads ``range``'s points; once they are in hand, the charts hold every step up to its
+   * end. */
+  async function readMetrics(range) {
+    rereadFrom = null;
+    try {
+      const fresh = await fetchMetrics(names, {
+        step_min: Math.max(0, range.from),
+        step_max: range.to ?? undefined,
+      });
+      through = Math.max(through, range.to ?? Infinity);
+      return fresh;
+    } catch (err) {
+      if (range.from <= through) rereadFrom = Math.min(rereadFrom ?? range.from, range.from);
+      throw err;
+    }
   }
 
   async function pumpMetrics() {
+    if (metricsInFlight) return;
     metricsInFlight = true;
-    let from = null;
     try {
-      while (pendingFrom !== null && alive) {
-        from = Math.max(0, pendingFrom);
-        pendingFrom = null;
-        const fresh = await fetchMetrics(names, { step_min: from });
+      for (let range = nextRead(); range !== null && alive; range = nextRead()) {
+        const fresh = await readMetrics(range);
         if (!alive) return;
         if (Object.keys(fresh).length) {
           store.merge(fresh);
@@ -320,7 +373,7 @@ export async function mount(root, runId) {
         return;
       }
       // A 429, a 5xx or the network: the same read again in a second, nothing lost.
-      if (alive) setTimeout(() => wantMetrics(from ?? 0), 1000);
+      if (alive) setTimeout(pumpMetrics, 1000);
     } finally {
       metricsInFlight = false;
     }
