@@ -10,9 +10,9 @@ commit), and every
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -20,7 +20,7 @@ from app.core.errors import database_unavailable
 from app.core.idempotency import purge_expired
 from app.observability import prometheus
 from app.runs.lifecycle.dispatch import DUE_CHANNEL, Dispatcher
-from app.runs.lifecycle.reconcile import sweep
+from app.runs.lifecycle.reconcile import stamp_dispatched, sweep
 from app.webhooks.delivery import CHANNEL as WEBHOOKS_CHANNEL
 from app.webhooks.delivery import deliver_due
 from workers.celery_app import QUEUES, get_celery
@@ -29,10 +29,12 @@ from workers.runtime import Runtime
 log = logging.getLogger(__name__)
 
 
-def reconcile_once(runtime: Runtime) -> int:
-    """One sweep, committed, then the due runs published. Returns how many were sent."""
+def reconcile_once(runtime: Runtime, dispatcher: Dispatcher) -> int:
+    """One pass in one transaction: the sweep, the due runs published (their rows still
+    locked), those the broker took stamped, the commit (app/runs/lifecycle/reconcile.py).
+    Returns how many were published."""
 
-    async def _sweep() -> list[Any]:
+    async def _pass() -> int:
         async with runtime.session() as session:
             result = await sweep(
                 session,
@@ -40,10 +42,12 @@ def reconcile_once(runtime: Runtime) -> int:
                 max_attempts=runtime.settings.max_attempts,
             )
             await purge_expired(session)
-        return result.dispatch
+            due = result.dispatch
+            sent = await asyncio.to_thread(dispatcher.publish, due) if due else []
+            await stamp_dispatched(session, sent)
+        return len(sent)
 
-    due = runtime.run(_sweep())
-    return Dispatcher(get_celery()).publish(due) if due else 0
+    return runtime.run(_pass())
 
 
 def _failed(what: str, exc: Exception) -> None:
@@ -58,6 +62,7 @@ def _failed(what: str, exc: Exception) -> None:
 class Maintenance:
     def __init__(self, runtime: Runtime) -> None:
         self.runtime = runtime
+        self._dispatcher = Dispatcher(get_celery())
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._listener: AsyncConnection | None = None
@@ -69,9 +74,9 @@ class Maintenance:
         self._thread.start()
 
     def stop(self, timeout: float = 30) -> None:
-        """No new pass; the pass under way finishes. A pass stamps ``dispatched_at`` and then
-        publishes: a process that exited between the two (this thread is a daemon) would
-        leave a run it just handed over unpublished until ``redispatch_seconds``."""
+        """No new pass; the pass under way finishes (this thread is a daemon), so a run
+        this worker just handed over is published before the process exits, not left to
+        another worker's next sweep."""
         self._stop.set()
         self._wake.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
@@ -102,7 +107,7 @@ class Maintenance:
                 _failed("cannot LISTEN for due runs; sweeping on the timer only", exc)
             self._wake.clear()
             try:
-                published = reconcile_once(self.runtime)
+                published = reconcile_once(self.runtime, self._dispatcher)
                 if published:
                     log.info("published %d due run(s)", published)
             except Exception as exc:

@@ -150,7 +150,7 @@ async def test_duplicate_delivery_is_refused_by_the_lease(
     await wait_for(sessionmaker, run["id"], lambda r: r.status == "collecting")
     # Deliver the same task twice more while the first worker holds the run.
     celery = make_celery(own_database.broker_url, own_database.broker_prefix)
-    assert Dispatcher(celery).publish([uuid.UUID(run["id"])] * 2) == 2
+    assert len(Dispatcher(celery).publish([uuid.UUID(run["id"])] * 2)) == 2
     done = await wait_for(sessionmaker, run["id"], lambda r: r.status == "completed")
     assert done.attempt == 1
     claims = [e for e in await events(sessionmaker, run["id"]) if e.type == "lease"]

@@ -5,6 +5,13 @@ are re-published. This one sweep covers every way a task goes missing: a crash b
 commit and publish, a broker that was down or flushed, a worker killed mid-task. On the way
 it applies stop requests the dead holder never saw and fails runs out of attempts.
 Safe to run in every worker at once: rows are taken with ``FOR UPDATE SKIP LOCKED``.
+
+One pass is one transaction: :func:`sweep`, then the due runs published while their rows
+are still locked, then :func:`stamp_dispatched` for those the broker took, then the commit.
+A process that dies anywhere in it leaves every run it had not stamped due for the next
+sweep of any worker: a task published twice is harmless (the lease decides who runs), a run
+stamped but never published would wait ``redispatch_seconds``. A worker's claim of a run
+being published waits on the row lock for the commit.
 """
 
 from __future__ import annotations
@@ -39,7 +46,8 @@ async def sweep(
     max_attempts: int,
     batch: int = 100,
 ) -> Sweep:
-    """One pass over unheld live runs; the caller commits, then publishes ``dispatch``."""
+    """One pass over unheld live runs: stop requests applied, runs out of attempts failed,
+    expired leases cleared; ``dispatch`` the runs to publish, then stamp."""
     now = func.now()
     rows = (
         await session.execute(
@@ -112,7 +120,7 @@ async def sweep(
             update(Run)
             .where(col(Run.id) == run.id)
             .values(
-                dispatched_at=now,
+                dispatched_at=None,  # due until stamp_dispatched says its task is out
                 lease_owner=None,
                 lease_expires_at=None,
                 # Its holder died or lost touch: that attempt failed.
@@ -121,3 +129,11 @@ async def sweep(
         )
         result.dispatch.append(run.id)
     return result
+
+
+async def stamp_dispatched(session: AsyncSession, run_ids: list[uuid.UUID]) -> None:
+    """The runs' tasks are published: not due again for ``redispatch_seconds``."""
+    if run_ids:
+        await session.execute(
+            update(Run).where(col(Run.id).in_(run_ids)).values(dispatched_at=func.now())
+        )
