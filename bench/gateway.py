@@ -14,12 +14,16 @@ keep-alive connection each, a lean HTTP client by default, ``--client httpx`` fo
 client a Python harness has) each hold a claimed episode and call its
 ``/chat/completions`` in a loop for ``--duration`` s.
 
+Then (``--tiny-steps``, 0 for none) the same API serves a gateway run on the tiny model that
+a real worker answers: each call's time splits into its wait for the engine, its generation
+and the gateway's own path (``episode_calls.queued_ms``, ``generation_ms``, the rest).
+
 Reported: calls per second; the latency each call had as its harness saw it (client) and as
 the API recorded it (``episode_calls.latency_ms``, from the request's arrival to the answer
 being ready, minus the engine's ``generation_ms``: zero here); the bytes a call's row and an
 episode's row take (``pg_column_size``), per column.
 
-    .venv/bin/python bench/gateway.py                                   # ~1 min
+    .venv/bin/python bench/gateway.py                                   # ~2 min
     .venv/bin/python bench/gateway.py --episodes 20 --duration 5 --output /tmp/gw.md
 
 Needs PostgreSQL (database bench_gateway is dropped and created) and Redis (db 12, only keys
@@ -58,7 +62,7 @@ from kit.report import (
     written_by,
 )
 from kit.stores import bench_query, pg_json, pg_url_for
-from kit.trainyard import Trainyard, add_trainyard_args
+from kit.trainyard import Trainyard, add_model_arg, add_trainyard_args, model_for
 
 from app.gateway import wire
 
@@ -238,6 +242,96 @@ def served_between(api_log: Path, first: float, last: float) -> list[float]:
     return times
 
 
+def tiny_model_phase(
+    args: argparse.Namespace, ty: Trainyard, db_url: str, home: Path
+) -> dict[str, list[float]]:
+    """A gateway run on the tiny model, answered by a real worker: ``--episodes`` episodes a
+    step (groups of 8), all played at once by harnesses of the SDK (``Run.play``), each one
+    call and a reward, for ``--tiny-steps`` steps. Each recorded call's time in the API,
+    its wait for the engine (``queued_ms``) and the generation that answered it; the
+    gateway's own cost is the rest."""
+    import trainyard
+
+    model = model_for(args, home)
+    ty.start_worker(timeout=args.start_timeout)
+    groups = max(1, args.episodes // 8)
+    body = {
+        "model_name": str(model),
+        "task_description": "Answer with as many letters a as you can.",
+        "trained_model_name": f"bench-gateway-{os.getpid()}",
+        "rollouts_per_group": 8,
+        "learning_rate": 5e-3,
+        "max_steps": args.tiny_steps,
+        "num_epochs": args.tiny_steps,
+        "inputs": [{"input_text": f"Say something, number {i}."} for i in range(groups)],
+        "environment": {"type": "gateway", "episode_timeout_seconds": 300},
+        "grpo": {
+            "groups_per_step": groups,
+            "max_completion_length": 16,
+            "beta": 0.0,
+            "save_steps": args.tiny_steps + 1,
+            "validation_fraction": 0.0,
+            "load_best_model_at_end": False,
+        },
+    }
+
+    async def one_call(episode: trainyard.Episode) -> float:
+        client = episode.openai_client()
+        answer = await client.chat.completions.create(model="policy", messages=episode.messages)
+        text = answer.choices[0].message.content or ""
+        return text.count("a") / len(text) if text else 0.0
+
+    async def play() -> str:
+        async with trainyard.Client(ty.base_url, ty.key) as client:
+            run = await client.create_run(body)
+            await run.play(one_call, concurrency=args.episodes)
+            await run.refresh()
+            if run.status != "completed":
+                raise BenchError(f"the tiny-model run ended {run.status}: {run.data.get('error')}")
+            return str(run.id)
+
+    log(f"the tiny model: {groups * 8} episodes a step, {args.tiny_steps} steps")
+    run_id = uvloop.run(play())
+    got = pg_json(
+        db_url,
+        f"""SELECT json_build_object(
+                   'own', array_agg(c.latency_ms - c.generation_ms - c.queued_ms),
+                   'queued', array_agg(c.queued_ms),
+                   'generation', array_agg(c.generation_ms),
+                   'total', array_agg(c.latency_ms))
+                 FROM episode_calls c WHERE c.run_id = '{run_id}'""",
+    )
+    return {name: [float(x) for x in got[name] or []] for name in got}
+
+
+def tiny_lines(args: argparse.Namespace, tiny: dict[str, list[float]] | None) -> list[str]:
+    """The report's part on the tiny model (none without ``--tiny-steps``)."""
+    if not tiny:
+        return []
+
+    def cell(name: str) -> str:
+        got = tiny[name]
+        return f"{quantile(got, 0.5):.2f} / {quantile(got, 0.99):.2f} ms"
+
+    return [
+        f"Then the real tiny model: a gateway run of {args.tiny_steps} steps, "
+        f"{len(tiny['own']) // max(1, args.tiny_steps):,} episodes a step all played at once "
+        "(the SDK's `Run.play`, one call each), a real worker answering on the CPU. Each "
+        "recorded call's time in the API splits into its wait for the engine (`queued_ms`: "
+        "in the inbox while the worker was busy, its batch's prompts rendered, the "
+        "generations before its own), the generation that answered it, and the gateway's "
+        "own path, the rest (the insert not included: it follows):",
+        "",
+        "| the tiny model, per call | median / p99 | target |",
+        "|---|---|---|",
+        f"| gateway's own cost | {cell('own')} | ≤ 2 / ≤ 5 ms |",
+        f"| waiting for the engine | {cell('queued')} | |",
+        f"| the generation that answered it | {cell('generation')} | |",
+        f"| the call in the API | {cell('total')} | |",
+        "",
+    ]
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--episodes", type=int, default=200, help="concurrent episodes (harnesses)")
@@ -255,6 +349,13 @@ def main() -> int:
         default="raw",
         help="the harnesses' HTTP client: raw (lean, leaves the API its cores) or httpx",
     )
+    p.add_argument(
+        "--tiny-steps",
+        type=int,
+        default=2,
+        help="steps of the run on the tiny model, a real worker answering (0: none)",
+    )
+    add_model_arg(p)
     add_trainyard_args(
         p,
         databases="bench_gateway",
@@ -310,17 +411,20 @@ def main() -> int:
         finally:
             stop.set()
             engine.join(5)
-        sizes = pg_json(
+        sizes = pg_json(  # the fixed engine's run: its calls are the sizes the report says
             db_url,
-            """SELECT json_build_object(
+            f"""SELECT json_build_object(
                        'row', avg(pg_column_size(c.*)),
                        'ids', avg(pg_column_size(c.prompt_ids) + pg_column_size(c.completion_ids)),
                        'logprobs', avg(pg_column_size(c.logprobs)),
                        'request', avg(pg_column_size(c.request)),
                        'response', avg(pg_column_size(c.response)),
-                       'episode', (SELECT avg(pg_column_size(e.*)) FROM episodes e))
-                     FROM episode_calls c""",
+                       'episode', (SELECT avg(pg_column_size(e.*)) FROM episodes e
+                                    WHERE e.run_id = '{run["id"]}'))
+                     FROM episode_calls c WHERE c.run_id = '{run["id"]}'""",
         )
+        ty.cancel(run["id"])  # no model: the worker started next is not to take it
+        tiny = tiny_model_phase(args, ty, db_url, Path(home)) if args.tiny_steps else None
         ty.remove()
     p50, p99 = quantile(overhead, 0.5), quantile(overhead, 0.99)
     c50, c99 = quantile(latencies, 0.5), quantile(latencies, 0.99)
@@ -377,6 +481,7 @@ def main() -> int:
         f"| {cpu / max(1, len(latencies)) * 1000:.2f} ms "
         f"| {paced_cpu / max(1, len(paced_latencies)) * 1000:.2f} ms | |",
         "",
+        *tiny_lines(args, tiny),
         "Bytes stored (PostgreSQL `pg_column_size`, averages):",
         "",
         "| what | bytes |",

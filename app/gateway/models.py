@@ -137,5 +137,6 @@ class EpisodeCall(SQLModel, table=True):
     completion_ids: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     logprobs: bytes = Field(sa_column=Column(LargeBinary, nullable=False))
     latency_ms: float = 0.0  # the call as the harness saw it, in the API
-    generation_ms: float = 0.0  # the engine's share of it
+    generation_ms: float = 0.0  # the engine's generation that answered it
+    queued_ms: float = 0.0  # its wait for the engine (the inbox, generations before it)
     created_at: datetime | None = Field(default=None, sa_column=timestamp())

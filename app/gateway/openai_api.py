@@ -150,6 +150,7 @@ async def answer(
                 "step": claim.step,
                 "issue": claim.issued,
                 "slot": claim.slot,
+                "sent_at": time.time(),  # the worker's wait for its engine starts here
                 "request": asked,
             },
             seconds,
@@ -192,9 +193,10 @@ async def answer(
     }
     latency_ms = (time.monotonic() - started) * 1000
     prometheus.GATEWAY_CALL_SECONDS.labels("total").observe(latency_ms / 1000)
-    prometheus.GATEWAY_CALL_SECONDS.labels("generation").observe(
-        float(reply.get("generation_ms") or 0.0) / 1000
-    )
+    for part in ("queued", "generation"):
+        prometheus.GATEWAY_CALL_SECONDS.labels(part).observe(
+            float(reply.get(f"{part}_ms") or 0.0) / 1000
+        )
     prometheus.GATEWAY_TOKENS.labels("prompt").inc(usage["prompt_tokens"])
     prometheus.GATEWAY_TOKENS.labels("completion").inc(usage["completion_tokens"])
     try:

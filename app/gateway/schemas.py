@@ -13,7 +13,7 @@ from app.core.pagination import Page
 from app.core.storable import NulFreeStr, PolicyTextObject, RequestModel, StoredObject
 from app.gateway.models import EpisodeStatus
 
-MAX_CLAIM = 64
+MAX_CLAIM = 64  # the SDK asks for no more (sdk/python/src/trainyard/client.py)
 MAX_WAIT_SECONDS = 30.0
 
 
@@ -100,7 +100,12 @@ class CallPublic(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     latency_ms: float
-    generation_ms: float
+    generation_ms: float = Field(description="The engine's generation that answered it.")
+    queued_ms: float = Field(
+        description="Its wait for the engine: in the run's inbox while the worker answered "
+        "the calls before it, then its batch's prompts rendered and the generations before its "
+        "own. The rest of `latency_ms` is the gateway's own path."
+    )
     created_at: datetime
     prompt_ids: list[int] | None = Field(default=None, description="With tokens=true.")
     completion_ids: list[int] | None = Field(default=None, description="With tokens=true.")

@@ -98,8 +98,9 @@ _WHY_NOT = """
 _RECORD = """
     INSERT INTO episode_calls (id, episode_id, run_id, issue, seq, policy_version, request,
                                response, prompt_ids, completion_ids, logprobs, latency_ms,
-                               generation_ms)
-    SELECT $1, $2, $3, $4, $5, $6, ($7::text)::jsonb, ($8::text)::jsonb, $9, $10, $11, $12, $13
+                               generation_ms, queued_ms)
+    SELECT $1, $2, $3, $4, $5, $6, ($7::text)::jsonb, ($8::text)::jsonb, $9, $10, $11, $12, $13,
+           $15
      WHERE EXISTS (SELECT 1 FROM episodes
                     WHERE id = $2 AND token_hash = $14 AND issued = $4 AND status = 'claimed'
                       AND deadline > now())
@@ -372,6 +373,7 @@ async def record_call(
         latency_ms,
         float(reply.get("generation_ms") or 0.0),
         token_hash,
+        float(reply.get("queued_ms") or 0.0),
     )
     if status != "INSERT 0 1":
         claims.forget(episode_id, token_hash)
@@ -436,7 +438,7 @@ async def episode_detail(
         raise EpisodeNotFound()
     calls = await pg.fetch(
         """SELECT id, issue, seq, policy_version, request, response, prompt_ids,
-                  completion_ids, logprobs, latency_ms, generation_ms, created_at
+                  completion_ids, logprobs, latency_ms, generation_ms, queued_ms, created_at
              FROM episode_calls WHERE episode_id = $1 ORDER BY issue, seq""",
         episode_id,
     )

@@ -153,8 +153,8 @@ GATEWAY_EPISODES = Counter(
 )
 GATEWAY_CALL_SECONDS = Histogram(
     "trainyard_gateway_call_duration_seconds",
-    "One gateway model call as its harness waits for it (in the API), by part: total, or "
-    "generation (the engine's share).",
+    "One gateway model call as its harness waits for it (in the API), by part: total, "
+    "queued (its wait for the engine) or generation (the engine's generation).",
     ["part"],
     buckets=(0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
 )

@@ -102,6 +102,11 @@ async def test_a_harness_plays_every_episode_and_the_trained_tokens_are_the_engi
         first["completion_ids"]
     )
     assert first["policy_version"] == detail["step"] - 1
+    # Each call's time in the API splits into its wait for the engine, the generation that
+    # answered it, and the gateway's own path (the rest, never negative).
+    for call in (first, second):
+        assert call["generation_ms"] > 0 and call["queued_ms"] >= 0
+        assert call["queued_ms"] + call["generation_ms"] <= call["latency_ms"] + 1.0, call
 
     # Each step says how many calls each of its generations answered: the calls that queued
     # while the engine generated are answered together (at least one; 16 calls a step).
@@ -172,7 +177,8 @@ async def test_a_claim_makes_at_most_max_calls_and_each_is_numbered(
 
     async with trainyard.Client(api_server.url, tenant.key) as ty:
         run = await ty.create_run(body)
-        await run.play(three_calls, concurrency=4)
+        # More at once than one claim may take (64): the SDK asks in claims of at most that.
+        await run.play(three_calls, concurrency=100)
         await run.refresh()
         assert run.status == "completed", run.data.get("error")
     assert len(refused) == 4 and all("max_calls" in m for m in refused), refused

@@ -95,6 +95,7 @@ class Call:
     continued: bool = False  # the prompt extends the episode's previous call's ids
     seed: int | None = None  # the sampling seed, where the engine takes one per call
     seq: int = 0  # its number in its claim (the worker's; the API records it under it)
+    sent_at: float | None = None  # when the API handed it over (its clock, time.time())
 
 
 def call_seed(run_seed: int, phase: str, step: int, ask: dict[str, Any]) -> int | None:
@@ -209,12 +210,18 @@ class Engine:
             groups.setdefault(self._key(call.request), []).append(i)
         replies: list[dict[str, Any]] = [{}] * len(calls)
         for key, members in groups.items():
+            began = time.time()
             started = time.monotonic()
             outs = self._generate([calls[i] for i in members], key)
             self.generations += 1
             ms = (time.monotonic() - started) * 1000
             for i, out in zip(members, outs, strict=True):
-                replies[i] = {**out, "policy_version": policy_version, "generation_ms": ms}
+                replies[i] = {
+                    **out,
+                    "policy_version": policy_version,
+                    "generation_ms": ms,
+                    "generation_began": began,
+                }
         return replies
 
     def _key(self, request: dict[str, Any]) -> tuple[Any, ...]:

@@ -138,6 +138,9 @@ class GatewayRollouts:
         # The batch's episodes an API process said ended: their calls are refused at once
         # (an API process that kept the claim would otherwise have one generated for nothing).
         self.ended: set[str] = set()
+        # When the last batch's answers went out (time.time()): a call handed over before
+        # then waited for this worker.
+        self.busy_until = 0.0
 
     def close(self) -> None:
         if self.pusher is not None:
@@ -238,6 +241,7 @@ class GatewayRollouts:
                 wait = 1.0 if next_deadline is None else min(1.0, max(0.05, next_deadline))
                 checked = time.monotonic()
             popped = self.redis.blpop([self.inbox], timeout=wait)
+            popped_at = time.time()
             messages = [popped[1]] if popped else []
             if popped:
                 messages += self.redis.lpop(self.inbox, 255) or []
@@ -254,7 +258,7 @@ class GatewayRollouts:
                     ended = True
                     self.ended.add(str(message.get("episode_id")))
             if calls:
-                answered += self._answer(calls, phase, step, version)
+                answered += self._answer(calls, phase, step, version, popped_at)
             refresh = ended or not popped or time.monotonic() - checked > 0.5
 
     async def _state(self, phase: str, step: int) -> tuple[int, int, float | None, int]:
@@ -272,7 +276,10 @@ class GatewayRollouts:
             reissued,
         )
 
-    def _answer(self, asks: list[dict[str, Any]], phase: str, step: int, version: int) -> int:
+    def _answer(
+        self, asks: list[dict[str, Any]], phase: str, step: int, version: int, popped_at: float
+    ) -> int:
+        """Answer one batch of calls (popped from the inbox at ``popped_at``)."""
         assert self.engine is not None
         calls: list[Call] = []
         pipe = self.redis.pipeline()
@@ -292,6 +299,7 @@ class GatewayRollouts:
                     tools=canonical_tools(request.get("tools") or None),
                     seed=call_seed(self.spec.grpo.seed, phase, step, ask),
                     seq=ask["seq"],
+                    sent_at=float(ask["sent_at"]) if ask.get("sent_at") else None,
                 )
                 self._prompt(call, int(ask.get("issue", 0)))
             except BadCall as exc:  # that call's 400
@@ -312,11 +320,24 @@ class GatewayRollouts:
                 pipe.execute()
                 raise
             for call, reply in zip(calls, replies, strict=True):
+                began = reply.pop("generation_began")
+                reply["queued_ms"] = self._queued_ms(call.sent_at, popped_at, began)
                 self._remember(call, reply)
                 answer = {"call_id": call.call_id, "ok": True, "seq": call.seq, **reply}
                 self._reply(pipe, call.reply_to, answer)
         pipe.execute()
+        self.busy_until = time.time()
         return len(calls)
+
+    def _queued_ms(self, sent_at: float | None, popped_at: float, began: float) -> float:
+        """How long a call waited for the engine before its own generation began: from when
+        the API handed it over (``sent_at``, the API's clock) if the worker was busy with
+        the batch before, else from when it was popped; its batch's prompts rendered and
+        the generations before its own included. The rest of its time before its answer is
+        the gateway's own path: the API, the hops through Redis while the worker waited for
+        work. Never below zero where the API's clock is another machine's."""
+        waited_from = sent_at if sent_at is not None and sent_at < self.busy_until else popped_at
+        return max(0.0, (began - waited_from) * 1000)
 
     def _number(self, ask: dict[str, Any], phase: str, step: int) -> tuple[int, str] | None:
         """Give the call its number in its claim (``ask["seq"]``), or the status and reason

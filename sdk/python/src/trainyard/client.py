@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
+#: The most episodes one claim takes (the API's ``MAX_CLAIM``, app/gateway/schemas.py).
+MAX_CLAIM = 64
 _RETRY_STATUSES = frozenset({502, 503, 504})
 
 
@@ -133,12 +135,13 @@ class Run:
     ) -> AsyncIterator[Episode]:
         """The run's episodes as harnesses should take them: claimed (a long poll) only
         while fewer than ``concurrency`` of those handed out are unfinished, so a slow
-        harness never holds more than it plays. Ends when the run does."""
+        harness never holds more than it plays (claimed :data:`MAX_CLAIM` at a time at
+        most). Ends when the run does."""
         free = asyncio.Semaphore(concurrency)
         while True:
             await free.acquire()  # at least one slot before asking
             n = 1
-            while n < concurrency and not free.locked():
+            while n < min(concurrency, MAX_CLAIM) and not free.locked():
                 await free.acquire()
                 n += 1
             answer = await self.client._request(
