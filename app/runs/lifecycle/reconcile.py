@@ -11,7 +11,9 @@ are still locked, then :func:`stamp_dispatched` for those the broker took, then 
 A process that dies anywhere in it leaves every run it had not stamped due for the next
 sweep of any worker: a task published twice is harmless (the lease decides who runs), a run
 stamped but never published would wait ``redispatch_seconds``. A worker's claim of a run
-being published waits on the row lock for the commit.
+being published waits on the row lock for the commit; so does a cancel or pause of it. A
+broker that hangs holds those locks at most its publish timeout (workers/celery_app.py:
+``socket_timeout`` 5 s, one retry), and the pass stops publishing at its first failure.
 """
 
 from __future__ import annotations
