@@ -21,6 +21,9 @@ from tests.support.llm import ScriptedLLM, completion_of
 from tests.support.workers import letters_run
 from tests.ui.conftest import Page
 
+# A run with no checkpoint, no evaluation and no best model kept: steps only.
+PLAIN = {"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False}
+
 pytestmark = pytest.mark.browser
 
 
@@ -305,7 +308,7 @@ async def test_the_trajectory_viewer_shows_a_group_with_the_judges_explanations(
         max_steps=3,
         trained_model_name="ruler-letters",
         reward={"type": "ruler", "judge": judge.endpoint("judge-small")},
-        grpo={"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False},
+        grpo=PLAIN,
     )
     run_id = await _create(api_server, tenant, body)
     done = await _wait_status(api_server, tenant, run_id, {"completed", "failed"})
@@ -379,7 +382,7 @@ async def test_another_projects_run_is_not_reachable(
 async def test_comparison_overlays_reward_curves_and_marks_differences(
     page: Page, api_server: ApiProcess, tenant: Tenant, workers: Any, tiny_model: Any
 ) -> None:
-    grpo = {"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False}
+    grpo = PLAIN
     ids = [
         await _create(
             api_server,
@@ -452,7 +455,7 @@ async def test_rim_verdicts_are_shown_per_judge_and_sample(
                 "diagnostic": False,
             },
         },
-        grpo={"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False},
+        grpo=PLAIN,
     )
     run_id = await _create(api_server, tenant, body)
     done = await _wait_status(api_server, tenant, run_id, {"completed", "failed"})
@@ -651,7 +654,7 @@ async def test_the_stream_resumes_after_a_drop_with_every_event_once(
         tiny_model,
         max_steps=16,
         trained_model_name="dropped",
-        grpo={"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False},
+        grpo=PLAIN,
     )
     run_id = await _create(api_server, tenant, body)
     await page.sign_in(tenant.key, f"/ui/runs/{run_id}")
@@ -684,7 +687,7 @@ async def test_the_charts_miss_no_step_when_reads_straddle_commits(
         tiny_model,
         max_steps=8,
         trained_model_name="straddled",
-        grpo={"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False},
+        grpo=PLAIN,
     )
     run_id = await _create(api_server, tenant, body)
     reads = 0
