@@ -176,6 +176,7 @@ export async function mount(root, runId) {
     committed = Math.max(committed, last);
     return { ...base, ...more };
   });
+
   // --- layout -------------------------------------------------------------------------
   const head = h("div", { class: "run-head card", id: "run-head" });
   const charts = specs.map(
