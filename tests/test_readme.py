@@ -72,6 +72,19 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
         ("grpo",),
         "an agent run (environment) trains in the worker's process",
     ),
+    "asynchronous rollouts for an agent run": (
+        {
+            "environment": {"type": "tools", "tools": ["add"]},
+            "grpo": {
+                "engine": "vllm-server",
+                "vllm_server_url": "http://gpu-a:8000",
+                "lora": {"r": 8},
+                "async_rollouts": {},
+            },
+        },
+        ("grpo",),
+        "async_rollouts is for single-turn runs for now",
+    ),
 }
 
 

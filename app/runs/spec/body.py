@@ -184,6 +184,12 @@ class RunCreate(RequestModel):
     @classmethod
     def _ranks(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
         # A field validator, so the problem names body.grpo (environment comes first).
+        if value.async_rollouts is not None and info.data.get("environment") is not None:
+            raise inconsistent(
+                "async_rollouts is for single-turn runs for now: an agent run's episodes are "
+                "played by TRL's tool loop or a harness, step by step; unset environment or "
+                "async_rollouts"
+            )
         ranks = value.distributed.num_processes
         if not value.distributed.in_ranks:
             return value
@@ -239,6 +245,11 @@ class RunCreate(RequestModel):
         if value is not None and isinstance(info.data.get("environment"), GatewayEnvironment):
             raise inconsistent("a gateway run's policy is the user's agent: it cannot be a teacher")
         grpo = info.data.get("grpo")
+        if value is not None and grpo is not None and grpo.async_rollouts is not None:
+            raise inconsistent(
+                "a teacher run's prompts are rewritten from its student's answers step by "
+                "step: it cannot generate ahead (unset grpo.async_rollouts)"
+            )
         if value is not None and grpo is not None and grpo.distributed.in_ranks:
             raise inconsistent(
                 "a teacher run trains in the worker's process (its student is asked from the "

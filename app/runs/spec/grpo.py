@@ -150,6 +150,36 @@ class DistributedSettings(RequestModel):
         return self
 
 
+_IS_MODES = Literal["token_truncate", "token_mask", "sequence_truncate", "sequence_mask"]
+
+
+class AsyncRollouts(RequestModel):
+    """Rollouts for the next steps generated while the current step trains (docs/async.md)."""
+
+    max_staleness: int = Field(
+        default=1,
+        ge=0,
+        le=8,
+        description="How many policy versions behind the trainer a rollout may be when a step "
+        "trains on it: step t trains on rollouts sampled by the adapter of step t-1-k, k at "
+        "most this. The next steps' generation starts only within the bound (0: as a "
+        "synchronous run, nothing generated ahead).",
+    )
+    importance_sampling: _IS_MODES | None = Field(
+        default="sequence_mask",
+        description="TRL's importance-sampling correction of rollouts sampled by an older "
+        "adapter, or by vLLM's numerics (vllm_importance_sampling_mode): the ratio of the "
+        "trainer's log-probabilities to the recorded ones, per token or per sequence, truncated "
+        "to or masked outside the clip bounds; null: no correction.",
+    )
+    importance_sampling_clip_max: float | None = Field(
+        default=3.0, gt=0, description="Upper bound of the importance-sampling ratio."
+    )
+    importance_sampling_clip_min: float | None = Field(
+        default=None, ge=0, description="Lower bound of the importance-sampling ratio."
+    )
+
+
 class GrpoSettings(RequestModel):
     # Algorithm
     beta: float = Field(
@@ -365,6 +395,13 @@ class GrpoSettings(RequestModel):
         description="Retries of a failed vLLM server call; past them the attempt ends with the "
         "reason and the run resumes from its last checkpoint later.",
     )
+    async_rollouts: AsyncRollouts | None = Field(
+        default=None,
+        description="Generate the next steps' rollouts while the current step trains, at most "
+        "max_staleness adapter versions behind (docs/async.md). For LoRA runs on vLLM servers "
+        "(engine 'vllm-server' with lora), single-turn, in one process; unset: each step "
+        "generates, then trains.",
+    )
 
     @field_validator("vllm_server_url", mode="before")
     @classmethod
@@ -411,6 +448,19 @@ class GrpoSettings(RequestModel):
                 "--data-parallel-size to spread the rollouts): give one vllm_server_url, or "
                 "train a LoRA adapter to use several servers"
             )
+        if self.async_rollouts is not None:
+            if self.engine != "vllm-server" or self.lora is None:
+                raise inconsistent(
+                    "async_rollouts needs engine 'vllm-server' with lora: transformers and "
+                    "vllm-colocate generate in the training process itself, so there is "
+                    "nothing to overlap, and a full fine-tune's weights reach `trl vllm-serve` "
+                    "only between steps (NCCL); train a LoRA adapter on vLLM servers"
+                )
+            if self.distributed.in_ranks:
+                raise inconsistent(
+                    "async_rollouts trains in one process for now: set "
+                    "distributed.num_processes to 1 (launcher local)"
+                )
         if self.eval_steps and self.load_best_model_at_end and self.save_steps % self.eval_steps:
             raise inconsistent(
                 "save_steps must be a multiple of eval_steps when load_best_model_at_end is "
@@ -476,6 +526,16 @@ class GrpoSettings(RequestModel):
                 "vllm_mode": "server",
                 "vllm_server_base_url": self.server_urls[0],
                 "vllm_server_timeout": self.vllm_server_timeout_s,
+            }
+        if self.async_rollouts is not None:
+            # Read by TRL's loss once the server trainer turns its vLLM correction on
+            # (workers/pipeline/hooks.py: ServerTrainer).
+            ahead = self.async_rollouts
+            engine |= {
+                "vllm_importance_sampling_correction": ahead.importance_sampling is not None,
+                "vllm_importance_sampling_mode": ahead.importance_sampling or "sequence_mask",
+                "vllm_importance_sampling_clip_max": ahead.importance_sampling_clip_max,
+                "vllm_importance_sampling_clip_min": ahead.importance_sampling_clip_min,
             }
         if max_turns is not None:
             engine["max_tool_calling_iterations"] = max_turns
