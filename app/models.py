@@ -10,6 +10,7 @@ from app.events.models import RunEvent
 from app.gateway.models import Episode, EpisodeCall
 from app.inputs.models import TaskInput
 from app.metrics.models import MetricPoint
+from app.rollouts.models import GeneratedRollouts
 from app.runs.models import Run
 from app.trajectories.models import Trajectory
 from app.webhooks.models import Webhook, WebhookDelivery
@@ -23,6 +24,7 @@ __all__ = [
     "DatasetRow",
     "Episode",
     "EpisodeCall",
+    "GeneratedRollouts",
     "IdempotencyKey",
     "MetricPoint",
     "Project",
