@@ -24,6 +24,7 @@ import concurrent.futures
 import hashlib
 import logging
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,7 @@ class LoraServers:
         self.urls = grpo.server_urls
         self.clients = [_client(url, grpo, concurrency) for url in self.urls]
         self.loaded: str | None = None  # the adapter the servers generate with now
+        self.loading = threading.Lock()  # an asynchronous run's producer and its evaluations
         self.pool = concurrent.futures.ThreadPoolExecutor(
             max_workers=max(1, concurrency), thread_name_prefix="vllm-server"
         )
@@ -129,34 +131,62 @@ class LoraServers:
             lengths += [int(m["max_model_len"]) for m in listed if m.get("max_model_len")]
         return min(lengths, default=None)
 
+    @staticmethod
+    def version(name: str) -> int:
+        """The policy version (the trainer's step) an adapter name stands for."""
+        return int(name.rpartition("-step-")[2])
+
+    def name(self, step: int) -> str:
+        return f"{self.run_id}-step-{step}"
+
     def sync(self, trainer: Any) -> str:
         """The name the servers know the policy's adapter by as of the trainer's step: saved
         by rank 0 and loaded into every server unless it is already; the previous one
         unloaded and deleted. Every rank waits for it."""
-        name = f"{self.run_id}-step-{int(trainer.state.global_step)}"
+        name = self.name(int(trainer.state.global_step))
         if name == self.loaded:
             return name
         if self.ranks.writer:
-            folder = self.adapters / name
-            trainer.model.save_pretrained(str(folder))  # a PEFT model: the adapter only
-            for url, client in zip(self.urls, self.clients, strict=True):
-                self._call(
-                    url,
-                    client,
-                    "/load_lora_adapter",
-                    # In place: a resumed attempt loads its step's name again.
-                    {"lora_name": name, "lora_path": str(folder), "load_inplace": True},
-                )
-                if self.loaded is not None:
-                    self._call(url, client, "/unload_lora_adapter", {"lora_name": self.loaded})
-            if self.loaded is not None:  # no server reads it any more
-                shutil.rmtree(self.adapters / self.loaded, ignore_errors=True)
-            log.info(
-                "run %s: adapter %s loaded into %d server(s)", self.run_id, name, len(self.urls)
-            )
-        self.ranks.wait()
-        self.loaded = name
+            self.save(trainer)
+        self.load(name)
         return name
+
+    def save(self, trainer: Any) -> str:
+        """Write the policy's adapter as of the trainer's step to the run's folder, under the
+        name the servers will know it by (rank 0; the trainer's thread)."""
+        name = self.name(int(trainer.state.global_step))
+        trainer.model.save_pretrained(str(self.adapters / name))  # a PEFT model: the adapter
+        return name
+
+    def load(self, name: str) -> None:
+        """Make ``name`` (saved) the adapter the servers generate with: loaded into every
+        server by rank 0, the one before unloaded and its folder, and any older one's,
+        deleted. Every rank waits for it."""
+        with self.loading:
+            if name == self.loaded:
+                return
+            if self.ranks.writer:
+                folder = self.adapters / name
+                for url, client in zip(self.urls, self.clients, strict=True):
+                    self._call(
+                        url,
+                        client,
+                        "/load_lora_adapter",
+                        # In place: a resumed attempt loads its step's name again.
+                        {"lora_name": name, "lora_path": str(folder), "load_inplace": True},
+                    )
+                    if self.loaded is not None:
+                        self._call(url, client, "/unload_lora_adapter", {"lora_name": self.loaded})
+                # No server reads an older one any more (an asynchronous run may have saved
+                # versions it never loaded).
+                for older in self.adapters.glob(f"{self.run_id}-step-*"):
+                    if self.version(older.name) < self.version(name):
+                        shutil.rmtree(older, ignore_errors=True)
+                log.info(
+                    "run %s: adapter %s loaded into %d server(s)", self.run_id, name, len(self.urls)
+                )
+            self.ranks.wait()
+            self.loaded = name
 
     def _call(self, url: str, client: ChatClient, path: str, body: dict[str, Any]) -> None:
         try:
@@ -201,35 +231,9 @@ class ServerRollouts:
         name = self.servers.sync(trainer)
         synced = time.monotonic()
         prompt_ids, _, _ = trainer._tokenize_prompts(prompts)  # TRL's own chat templating
-        groups = _runs_of(prompt_ids)
-        grpo = self.grpo
-        calls = [
-            self.servers.pool.submit(
-                self.servers.complete,
-                self.ranks.rank + i,
-                {
-                    "model": name,
-                    "prompt": ids,
-                    "n": n,
-                    "max_tokens": grpo.max_completion_length,
-                    "temperature": grpo.temperature,
-                    "top_p": grpo.top_p,
-                    "top_k": grpo.top_k or -1,
-                    "min_p": grpo.min_p or 0.0,
-                    "repetition_penalty": grpo.repetition_penalty,
-                    "seed": group_seed(
-                        grpo.seed, step, self.ranks.rank, i, evaluation=not trainer.model.training
-                    ),
-                },
-            )
-            for i, (ids, n) in enumerate(groups)
-        ]
-        completion_ids: list[list[int]] = []
-        logprobs: list[list[float]] = []
-        for call in calls:
-            for ids, lps in call.result():
-                completion_ids.append(ids)
-                logprobs.append(lps)
+        completion_ids, logprobs = self.generate(
+            name, prompt_ids, step, evaluation=not trainer.model.training
+        )
         log.info(
             "run %s: step %d: adapter synced in %.2f s, %d rollouts generated in %.2f s",
             self.run_id,
@@ -239,6 +243,40 @@ class ServerRollouts:
             time.monotonic() - synced,
         )
         return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
+
+    def generate(
+        self, adapter: str, prompt_ids: list[list[int]], step: int, *, evaluation: bool
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Completions of ``prompt_ids`` (each group's prompt repeated once per rollout) by
+        the loaded ``adapter``, seeded by their place (``step``: the trainer's global step
+        when a synchronous run generates them): token ids and log-probabilities."""
+        grpo = self.grpo
+        calls = [
+            self.servers.pool.submit(
+                self.servers.complete,
+                self.ranks.rank + i,
+                {
+                    "model": adapter,
+                    "prompt": ids,
+                    "n": n,
+                    "max_tokens": grpo.max_completion_length,
+                    "temperature": grpo.temperature,
+                    "top_p": grpo.top_p,
+                    "top_k": grpo.top_k or -1,
+                    "min_p": grpo.min_p or 0.0,
+                    "repetition_penalty": grpo.repetition_penalty,
+                    "seed": group_seed(grpo.seed, step, self.ranks.rank, i, evaluation=evaluation),
+                },
+            )
+            for i, (ids, n) in enumerate(_runs_of(prompt_ids))
+        ]
+        completion_ids: list[list[int]] = []
+        logprobs: list[list[float]] = []
+        for call in calls:
+            for ids, lps in call.result():
+                completion_ids.append(ids)
+                logprobs.append(lps)
+        return completion_ids, logprobs
 
 
 def _runs_of(prompt_ids: list[list[int]]) -> list[tuple[list[int], int]]:

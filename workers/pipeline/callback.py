@@ -23,6 +23,7 @@ from app.checkpoints import service as checkpoints
 from app.events import service as events
 from app.metrics import service as metrics
 from app.observability import prometheus
+from app.rollouts import service as generated
 from app.runs.lifecycle import step_moves
 from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
@@ -272,6 +273,8 @@ class RunCallback(TrainerCallback):  # type: ignore[misc]
                 f"checkpoint at step {step}",
                 data={"step": step, "path": str(target)},
             )
+            if self.spec.grpo.async_rollouts is not None:
+                await generated.prune(session, self.ctx.run_id, step)
             protect = {best} if best else set()
             doomed = (
                 await checkpoints.prune(session, self.ctx.run_id, keep=self.keep, protect=protect)

@@ -201,3 +201,34 @@ class GatewayTrainer(GRPOTrainer):  # type: ignore[misc]
     ) -> Any:
         # One reward per rollout: the rows added after them share their episode's.
         return super()._calculate_rewards(inputs, prompts, completions, ids[: len(prompts)])
+
+
+class _AdaptersLoadedByRollouts:
+    """What TRL syncs its vLLM weights through, for a run whose rollout function loads each
+    policy version's adapter into the servers itself: nothing to do here."""
+
+    def sync_weights(self) -> None:
+        pass
+
+
+class ServerTrainer(GRPOTrainer):  # type: ignore[misc]
+    """TRL's GRPOTrainer for an asynchronous LoRA run on vLLM servers, with TRL's vLLM
+    importance-sampling correction turned on for its rollout function's rollouts.
+
+    TRL corrects for the sampler (``vllm_importance_sampling_*``: the ratio of the trainer's
+    log-probabilities to the sampled ones, truncated or masked) only when it generates with
+    vLLM itself (``use_vllm``); the rollouts of workers/pipeline/ahead.py come from plain
+    ``vllm serve`` servers through ``rollout_func``, sampled by an adapter up to
+    ``max_staleness`` versions old, with their log-probabilities. With the correction on,
+    ``use_vllm`` is set after TRL's set-up (whose vLLM client would look for a
+    ``trl vllm-serve`` server): with a rollout function it means only that TRL computes
+    the ratio, logs its statistics (``sampling/importance_sampling_ratio/*``) and weighs the
+    loss by it; its weight sync is a no-op."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.args.vllm_importance_sampling_correction:
+            self.use_vllm = True
+            self.vllm_mode = "server"
+            self.vllm_generation = _AdaptersLoadedByRollouts()
+            self._last_loaded_step = -1

