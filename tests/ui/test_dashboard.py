@@ -787,3 +787,64 @@ async def test_the_runs_list_pages_by_cursor_and_filters(page: Page, maker: Any)
     )
     assert set(statuses) == {"failed"}
     assert "status=failed" in page.page.url
+
+
+async def test_an_async_runs_page_charts_staleness_generation_and_the_correction(
+    page: Page, maker: Any
+) -> None:
+    import asyncpg
+
+    from app.core.pg import connect_kwargs
+    from tests.support.database import new_tenant
+    from tests.support.runs import create_run
+
+    owner = await new_tenant(maker)
+    grpo = {"engine": "vllm-server", "lora": {"r": 8}, "async_rollouts": {"max_staleness": 1}}
+    run = await create_run(
+        maker, project_id=owner.project_id, status=RunStatus.COMPLETED, grpo=grpo, step=3
+    )
+    plain = await create_run(maker, project_id=owner.project_id, status=RunStatus.COMPLETED)
+    series = {
+        "async/staleness": [0, 1, 1],
+        "async/generation_seconds": [2.5, 2.25, 2.0],
+        "async/wait_seconds": [2.5, 0.0, 0.5],
+        "step_seconds": [4.0, 3.5, 3.75],
+        "sampling/importance_sampling_ratio/mean": [1.0, 0.98, 1.01],
+        "sampling/importance_sampling_ratio/min": [0.9, 0.5, 0.75],
+        "sampling/importance_sampling_ratio/max": [1.1, 2.0, 1.5],
+    }
+    conn = await asyncpg.connect(
+        **connect_kwargs(maker.kw["bind"].url.render_as_string(hide_password=False))
+    )
+    try:
+        await conn.executemany(
+            "INSERT INTO metric_points (run_id, step, name, value) VALUES ($1, $2, $3, $4)",
+            [
+                (run.id, step, name, value)
+                for name, values in series.items()
+                for step, value in enumerate(values, start=1)
+            ],
+        )
+    finally:
+        await conn.close()
+    await page.sign_in(owner.key, f"/ui/runs/{run.id}")
+    charts = {
+        "run:async_staleness": ["async/staleness"],
+        "run:async_time": ["async/generation_seconds", "async/wait_seconds", "step_seconds"],
+        "run:importance_sampling": [
+            "sampling/importance_sampling_ratio/mean",
+            "sampling/importance_sampling_ratio/min",
+            "sampling/importance_sampling_ratio/max",
+        ],
+    }
+    for chart, names in charts.items():
+        await page.until(
+            f"() => window.trainyard.charts['{chart}']?.data[0].length === 3", within=30
+        )
+        data = await _chart(page, chart)
+        for i, name in enumerate(names, start=1):
+            assert _points(data[i], data[0]) == list(enumerate(series[name], start=1)), name
+    # A synchronous run has none of them.
+    await page.page.goto(page.base + f"/ui/runs/{plain.id}")
+    await page.until("() => window.trainyard?.charts?.['run:reward'] !== undefined", within=30)
+    assert await page.page.evaluate("window.trainyard.charts['run:async_staleness']") is None

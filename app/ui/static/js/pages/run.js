@@ -83,6 +83,28 @@ export function chartSpecs(run) {
       ],
     },
     simple("step_seconds", "Step seconds", ["step_seconds"]),
+    ...(run.grpo?.async_rollouts ? asyncSpecs() : []),
+  ];
+}
+
+/** An asynchronous run's charts (docs/async.md): how stale each step's rollouts were, the
+ * generation the step before hid (or the trainer waited for), and TRL's correction. */
+function asyncSpecs() {
+  return [
+    {
+      ...simple("async_staleness", "Staleness (policy versions)", ["async/staleness"]),
+      lines: [{ label: "async/staleness", points: true }],
+    },
+    simple("async_time", "Generation and wait (seconds)", [
+      "async/generation_seconds",
+      "async/wait_seconds",
+      "step_seconds",
+    ]),
+    simple("importance_sampling", "Importance-sampling ratio", [
+      "sampling/importance_sampling_ratio/mean",
+      "sampling/importance_sampling_ratio/min",
+      "sampling/importance_sampling_ratio/max",
+    ]),
   ];
 }
 
