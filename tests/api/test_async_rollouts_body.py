@@ -23,7 +23,7 @@ async def test_an_async_lora_run_on_servers_is_accepted_with_its_defaults(
     assert r.status_code == 202, r.text
     assert r.json()["grpo"]["async_rollouts"] == {
         "max_staleness": 1,
-        "importance_sampling": "sequence_mask",
+        "importance_sampling": "token_truncate",
         "importance_sampling_clip_max": 3.0,
         "importance_sampling_clip_min": None,
     }
@@ -100,12 +100,13 @@ def test_trls_correction_follows_the_settings() -> None:
             evaluate=False,
         )
 
-    on = arguments({"importance_sampling": "token_truncate", "importance_sampling_clip_min": 0.5})
+    on = arguments({"importance_sampling": "sequence_mask", "importance_sampling_clip_min": 0.5})
     assert (
         on["vllm_importance_sampling_correction"],
         on["vllm_importance_sampling_mode"],
         on["vllm_importance_sampling_clip_max"],
         on["vllm_importance_sampling_clip_min"],
-    ) == (True, "token_truncate", 3.0, 0.5)
+    ) == (True, "sequence_mask", 3.0, 0.5)
+    assert arguments({})["vllm_importance_sampling_mode"] == "token_truncate"
     assert not arguments({"importance_sampling": None})["vllm_importance_sampling_correction"]
     assert "vllm_importance_sampling_correction" not in arguments(None)

@@ -166,11 +166,14 @@ class AsyncRollouts(RequestModel):
         "synchronous run, nothing generated ahead).",
     )
     importance_sampling: _IS_MODES | None = Field(
-        default="sequence_mask",
+        default="token_truncate",
         description="TRL's importance-sampling correction of rollouts sampled by an older "
         "adapter, or by vLLM's numerics (vllm_importance_sampling_mode): the ratio of the "
         "trainer's log-probabilities to the recorded ones, per token or per sequence, truncated "
-        "to or masked outside the clip bounds; null: no correction.",
+        "to or masked outside the clip bounds; null: no correction. The default truncates per "
+        "token: TRL's own default, sequence_mask, drops the stale rollouts the policy has "
+        "moved towards since (their ratio passes the bound), which slowed learning "
+        "(docs/benchmarks.md).",
     )
     importance_sampling_clip_max: float | None = Field(
         default=3.0, gt=0, description="Upper bound of the importance-sampling ratio."
@@ -533,7 +536,7 @@ class GrpoSettings(RequestModel):
             ahead = self.async_rollouts
             engine |= {
                 "vllm_importance_sampling_correction": ahead.importance_sampling is not None,
-                "vllm_importance_sampling_mode": ahead.importance_sampling or "sequence_mask",
+                "vllm_importance_sampling_mode": ahead.importance_sampling or "token_truncate",
                 "vllm_importance_sampling_clip_max": ahead.importance_sampling_clip_max,
                 "vllm_importance_sampling_clip_min": ahead.importance_sampling_clip_min,
             }
