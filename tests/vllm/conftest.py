@@ -7,15 +7,10 @@ survive. Run with `make test-vllm` (it builds .venv-vllm); skipped when vLLM is 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.support.api_process import api_server  # noqa: F401  (fixtures)
@@ -23,10 +18,12 @@ from tests.support.database import api, own_database, sessionmaker  # noqa: F401
 from tests.support.llm import free_port
 from tests.support.workers import (  # noqa: F401  (fixtures)
     VLLM_PYTHON,
+    launch_vllm,
     start_worker,
+    stop_vllm,
     tiny_model,
     tool_model,
-    vllm_server_command,
+    wait_serving,
     worker_home,
 )
 
@@ -48,29 +45,11 @@ def vllm_server(
         pytest.skip(f"vLLM is not installed ({VLLM_PYTHON}); `make test-vllm` installs it")
     model = tiny_model  # the runs' model too: the base their LoRA adapters are loaded onto
     port = free_port()
-    log = (tmp_path_factory.getbasetemp() / "vllm-server.log").open("wb")
-    command, env = vllm_server_command(model, port, served_name="tiny")
-    proc = subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, **env},
-    )
+    log = tmp_path_factory.getbasetemp() / "vllm-server.log"
+    proc = launch_vllm(model, port, log, served_name="tiny")
     base = f"http://127.0.0.1:{port}/v1"
     try:
-        deadline = time.monotonic() + 240
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"vLLM exited with {proc.returncode}; see {log.name}")
-            try:
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM did not start in time; see {log.name}")
-            time.sleep(1)
+        wait_serving(proc, base, log)
         yield {
             "base_url": base,
             "model": "tiny",
@@ -79,9 +58,4 @@ def vllm_server(
             "timeout_s": 120,
         }
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+        stop_vllm(proc)

@@ -6,16 +6,26 @@ correction; a worker SIGKILLed mid-run resumes with the rollouts it had stored."
 from __future__ import annotations
 
 import asyncio
+import re
+import signal
 import time
 import uuid
 
 import asyncpg
+import pytest
 from sqlalchemy import select
 
 from app.core.pg import connect_kwargs
 from app.trajectories.models import Trajectory
-from tests.support.runs import series, wait_for
-from tests.support.workers import letters_run
+from tests.support.llm import free_port
+from tests.support.runs import events, series, wait_for
+from tests.support.workers import (
+    VLLM_PYTHON,
+    launch_vllm,
+    letters_run,
+    stop_vllm,
+    wait_serving,
+)
 
 LORA = {"r": 8, "alpha": 16, "target_modules": "all-linear"}
 
@@ -201,3 +211,68 @@ async def test_pause_keeps_the_rollouts_generated_ahead_and_cancel_stops_the_pro
     resumed_log = worker.output().split("resumed with the stored rollouts")[1]
     for step in ahead:
         assert f"step {step} generated ahead" not in resumed_log, step
+
+
+async def test_a_server_that_dies_mid_run_ends_the_attempt_and_the_run_resumes_on_its_stores(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, tmp_path
+) -> None:
+    if not VLLM_PYTHON.exists():
+        pytest.skip(f"vLLM is not installed ({VLLM_PYTHON})")
+    port, log = free_port(), tmp_path / "own-vllm.log"
+    server = launch_vllm(tiny_model, port, log)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_serving(server, base, log)
+        # An attempt ended by the dead server is tried again after redispatch_seconds.
+        worker = start_worker(
+            **worker_home, TRAINYARD_REDISPATCH_SECONDS="10", TRAINYARD_MAX_ATTEMPTS="8"
+        )
+        body = _async_run(
+            tiny_model,
+            base,
+            async_rollouts={"max_staleness": 2},
+            save_steps=3,
+            vllm_server_timeout_s=5,
+            vllm_server_max_retries=1,
+        )
+        body["max_steps"] = 10
+        run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+        run = uuid.UUID(run_id)
+        conn = await _connect(sessionmaker)
+        try:
+            # Dies once step 5 is stored ahead of the checkpoint of step 3.
+            deadline = time.monotonic() + 300
+            while not await conn.fetchval(
+                "SELECT count(*) FROM checkpoints c, generated_rollouts g WHERE c.run_id = $1 "
+                "AND c.step = 3 AND g.run_id = $1 AND g.step = 5",
+                run,
+            ):
+                assert time.monotonic() < deadline, worker.output()[-3000:]
+                await asyncio.sleep(0.05)
+            stop_vllm(server, signal.SIGKILL)
+            await worker.wait_for_output("attempt 1 ended: vLLM server", within=120)
+            server = launch_vllm(tiny_model, port, log)
+            wait_serving(server, base, log)
+            done = await wait_for(
+                sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=600
+            )
+        finally:
+            await conn.close()
+        assert done.status == "completed", done.error
+        ended = [e for e in await events(sessionmaker, run_id) if e.type == "attempt_ended"]
+        assert ended and all(f"vLLM server http://127.0.0.1:{port}" in e.message for e in ended)
+        # The attempt after the death trained on the steps stored before it (never generated
+        # again); the bound held throughout.
+        resumed = worker.output().split("attempt 1 ended")[1]
+        found = re.search(r"resumed with the stored rollouts of steps \[([0-9, ]+)\]", resumed)
+        assert found, resumed[-3000:]
+        kept = [int(s) for s in found.group(1).split(",")]
+        assert {4, 5} <= set(kept), kept  # after the checkpoint of step 3, stored before
+        after = resumed[found.end() :]
+        for step in kept:
+            assert f"step {step} generated ahead" not in after, step
+        versions = await _versions(sessionmaker, run_id)
+        staleness = {step: step - 1 - v for step, vs in versions.items() for v in vs}
+        assert sorted(staleness) == list(range(1, 11)) and max(staleness.values()) <= 2
+    finally:
+        stop_vllm(server)
