@@ -14,7 +14,7 @@ from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.rollouts.models import GeneratedRollouts
-from app.runs.lifecycle.state import Fence, LeaseLost
+from app.runs.lifecycle.state import Fence, LeaseLost, json_param
 
 _FENCED = "SELECT 1 FROM runs WHERE id = $1 AND lease_owner = $2 AND attempt = $3"
 
@@ -46,8 +46,9 @@ _DISCARD = f"""
 
 @dataclass(frozen=True)
 class Generated:
-    """A step's rollouts as stored: ``payload`` holds ``prompt_ids``, ``completion_ids`` and
-    ``logprobs``, one entry per rollout in the step's order."""
+    """A step's rollouts as stored: ``payload`` holds ``prompt_ids``, ``completion_ids``,
+    ``logprobs`` and ``scored_ahead`` (reward and breakdown), one entry per rollout in the
+    step's order; stored as jsonb takes it (a log-probability that was not finite is null)."""
 
     id: uuid.UUID
     step: int
@@ -74,7 +75,7 @@ async def store(
         step,
         policy_version,
         len(payload["completion_ids"]),
-        json.dumps(payload),
+        json_param(payload),  # storable: NUL characters, infinities
     )
     if stored is None:
         raise LeaseLost(run_id)

@@ -99,6 +99,9 @@ async def test_an_async_run_trains_on_rollouts_sampled_within_the_bound(
     assert [s for s, _ in await series(sessionmaker, run_id, "eval_reward")] == [0, 4, 8, 12]
     log = worker.output()
     assert "step 2 generated ahead by the adapter of step 0" in log
+    # Scored ahead too: the step's reward function stored those scores, scoring nothing again.
+    assert len(await series(sessionmaker, run_id, "async/scoring_seconds")) == 12
+    assert "scoring them again" not in log
     # Rows of checkpointed steps are forgotten with their checkpoint.
     conn = await _connect(sessionmaker)
     try:
@@ -276,3 +279,41 @@ async def test_a_server_that_dies_mid_run_ends_the_attempt_and_the_run_resumes_o
         assert sorted(staleness) == list(range(1, 11)) and max(staleness.values()) <= 2
     finally:
         stop_vllm(server)
+
+
+async def test_a_judged_async_run_asks_its_judge_ahead_of_the_step(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, vllm_server
+) -> None:
+    """A RULER judge (the same vLLM server) scores each step in the producer, while the step
+    before trains; the step's reward function stores those scores, asking nothing again."""
+    # The judge's generations, the trainer and the producer share 2 CPUs with PostgreSQL: a
+    # lease of a few seconds, not the fault tests' 1.5 s, or it lapses under the load.
+    worker = start_worker(
+        **worker_home, TRAINYARD_LEASE_TTL_SECONDS="10", TRAINYARD_HEARTBEAT_SECONDS="1"
+    )
+    body = _async_run(
+        tiny_model,
+        vllm_server["base_url"],
+        async_rollouts={"max_staleness": 1},
+        max_dropped_steps=100,  # the tiny judge may garble every group of a step
+        save_steps=100,
+    )
+    body["max_steps"] = 4
+    body["reward"] = {"type": "ruler", "judge": vllm_server}
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    done = await wait_for(
+        sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=600
+    )
+    assert done.status == "completed", done.error
+    scoring = [v for _, v in await series(sessionmaker, run_id, "async/scoring_seconds")]
+    assert len(scoring) == 4 and all(s > 0.05 for s in scoring), scoring  # judge calls
+    log = worker.output()
+    assert "scoring them again" not in log
+    assert all(f"step {step} generated ahead" in log for step in range(1, 5))
+    async with sessionmaker() as s:
+        breakdowns = (
+            await s.execute(
+                select(Trajectory.reward_breakdown).where(Trajectory.run_id == uuid.UUID(run_id))
+            )
+        ).scalars()
+        assert all("ruler" in b for b in breakdowns)

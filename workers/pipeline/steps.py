@@ -9,7 +9,9 @@ end. Below both the training loop and the callback, so neither imports the other
 from __future__ import annotations
 
 import json
+import logging
 import math
+import threading
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -23,6 +25,8 @@ from workers.pipeline.world import Ranks
 from workers.pipeline.writes import WriteBehind
 from workers.rewards import Group, Rollout, Score, Scorer
 from workers.rewards.functions import EvalMetrics
+
+log = logging.getLogger(__name__)
 
 
 class EveryGroupDropped(RuntimeError):
@@ -87,6 +91,40 @@ class StepStats:
     started: float = 0.0
 
 
+def build_groups(
+    batch: Batch,
+    group_size: int,
+    episodes: list[episodes.Episode] | None = None,
+    environments: list[Any] | None = None,
+) -> list[Group]:
+    """The batch's rollouts as the scorer takes them: consecutive groups of ``group_size``,
+    each one input's."""
+    prompts, texts, _, input_id, context = batch
+    g = group_size
+    if len(texts) % g:
+        raise RuntimeError(f"{len(texts)} completions do not split into groups of {g}")
+    groups = []
+    for gi in range(len(texts) // g):
+        part = slice(gi * g, (gi + 1) * g)
+        if len(set(input_id[part])) != 1:
+            raise RuntimeError("a group mixes inputs: TRL's sampler order is not the plan's")
+        first = gi * g
+        groups.append(
+            Group(
+                index=gi,
+                input_text=prompts[first][-1]["content"],
+                context=json.loads(context[first]),
+                rollouts=[
+                    Rollout(prompts[i], texts[i])
+                    if episodes is None or environments is None
+                    else Rollout(prompts[i], texts[i], episodes[i].messages, environments[i])
+                    for i in range(first, first + g)
+                ],
+            )
+        )
+    return groups
+
+
 class StepBridge:
     """TRL's reward function: persists, scores and moves the run through its statuses."""
 
@@ -103,6 +141,8 @@ class StepBridge:
         self.group_size = spec.rollouts_per_group
         self.trainer: Any = None
         self.versions: list[int] | None = None
+        # An asynchronous run's producer scores the steps ahead while this thread evaluates.
+        self.scoring = threading.Lock()
         self.stats = StepStats()
         self.writes = WriteBehind(ctx.runtime)
         self.dropped_in_a_row = 0  # steps whose every group was dropped, up to this one
@@ -125,6 +165,7 @@ class StepBridge:
         log_metric: Any = None,
         gateway: list[dict[str, Any]] | None = None,
         policy_version: list[int] | None = None,
+        scored_ahead: list[dict[str, Any]] | None = None,
         **_: Any,
     ) -> list[float | None]:
         # Cancelled while generating: the generation was cut short; store none of it.
@@ -151,10 +192,12 @@ class StepBridge:
             batch = Batch(*(list(column) for column in zip(*every, strict=True)))
         evaluating = self.trainer is not None and not self.trainer.model.training
         step = trainer_state.global_step + 1
-        # An asynchronous run's rollouts say which adapter sampled them (one process).
+        # An asynchronous run's rollouts say which adapter sampled them, and come scored
+        # (one process).
         self.versions = policy_version
+        ahead = self._ahead(scored_ahead, texts) if scored_ahead and not evaluating else None
         rewards: list[float | None] = self.ranks.on_rank_zero(
-            lambda: self._score(batch, episodes, environments, step, evaluating, log_metric)
+            lambda: self._score(batch, episodes, environments, step, evaluating, log_metric, ahead)
         )
         start = self.ranks.rank * local
         return rewards[start : start + local]
@@ -167,38 +210,20 @@ class StepBridge:
         step: int,
         evaluating: bool,
         log_metric: Any,
+        ahead: list[list[Score]] | None = None,
     ) -> list[float | None]:
-        """Score the step's groups and store them (rank 0: the whole batch); the rewards."""
-        prompts, texts, tokens, input_id, context = batch
+        """Score the step's groups (unless they come scored: ``ahead``) and store them (rank
+        0: the whole batch); the rewards."""
+        prompts, texts, tokens, input_id, _ = batch
         g = self.group_size
-        if len(texts) % g:
-            raise RuntimeError(f"{len(texts)} completions do not split into groups of {g}")
-        groups = []
-        for gi in range(len(texts) // g):
-            part = slice(gi * g, (gi + 1) * g)
-            if len(set(input_id[part])) != 1:
-                raise RuntimeError("a group mixes inputs: TRL's sampler order is not the plan's")
-            first = gi * g
-            groups.append(
-                Group(
-                    index=gi,
-                    input_text=prompts[first][-1]["content"],
-                    context=json.loads(context[first]),
-                    rollouts=[
-                        Rollout(prompts[i], texts[i])
-                        if episodes is None
-                        else Rollout(prompts[i], texts[i], episodes[i].messages, environments[i])
-                        for i in range(first, first + g)
-                    ],
-                )
-            )
+        groups = build_groups(batch, g, episodes, environments)
         if hasattr(self.scorer, "completion_tokens"):
             # A scorer that prices the policy's tokens (a teacher run's) gets their counts,
             # in the groups' order: a decoded text does not always re-encode to as many.
             self.scorer.completion_tokens = list(tokens)
         if evaluating:
             # Evaluation: score only; nothing is stored as training data.
-            evaluated = self.scorer.score(groups)
+            evaluated = self.score(groups)
             self._log_scorer_metrics(log_metric)
             if self.eval_metrics is not None and log_metric is not None:
                 # TRL logs them with its eval_ prefix: the series eval_metric/<label>.
@@ -224,11 +249,11 @@ class StepBridge:
         ]
         # A judge takes seconds: the rollouts are stored (and the run shows "scoring") while
         # it works. Reward functions take microseconds: one transaction stores both.
-        instant = getattr(self.scorer, "instant", False)
+        instant = ahead is not None or getattr(self.scorer, "instant", False)
         if not instant:
             self.writes.submit(lambda: self._store_rollouts(step, rollouts))
 
-        scores = self.scorer.score(groups)
+        scores = ahead if ahead is not None else self.score(groups)
         self._log_scorer_metrics(log_metric)
         if episodes is not None:
             # An episode whose environment failed under it (its MCP server gone) is not the
@@ -260,6 +285,25 @@ class StepBridge:
         self._count_dropped(scores)
         self.ctx.check(pause_ok=False)
         return rewards
+
+    def score(self, groups: list[Group]) -> list[list[Score]]:
+        """The scorer's scores of ``groups``, one caller at a time."""
+        with self.scoring:
+            return self.scorer.score(groups)
+
+    def _ahead(self, scored: list[dict[str, Any]], texts: list[str]) -> list[list[Score]] | None:
+        """Scores an asynchronous run's producer gave the step's rollouts, by group; None
+        (score them now) if it scored other texts than TRL decoded (it decodes as TRL does)."""
+        if [s["text"] for s in scored] != texts:
+            log.warning(
+                "run %s: the rollouts scored ahead decode to other texts than TRL's; "
+                "scoring them again",
+                self.ctx.run_id,
+            )
+            return None
+        g = self.group_size
+        flat = [Score(s["reward"], s["breakdown"]) for s in scored]
+        return [flat[i : i + g] for i in range(0, len(flat), g)]
 
     def _log_scorer_metrics(self, log_metric: Any) -> None:
         """A scorer's own metrics of the groups it just scored (a teacher run's

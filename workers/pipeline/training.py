@@ -206,7 +206,7 @@ def train(
         from workers.pipeline.ahead import RolloutsAhead
         from workers.pipeline.hooks import ServerTrainer
 
-        rollouts = RolloutsAhead(ctx, spec, plan, paths.root / "adapters", ranks)
+        rollouts = RolloutsAhead(ctx, spec, plan, paths.root / "adapters", ranks, bridge)
         agent["rollout_func"] = rollouts
         trainer_class = ServerTrainer
     elif grpo.engine == "vllm-server" and grpo.lora is not None:
