@@ -44,7 +44,7 @@ from app.rollouts import service as generated
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.ml.vllm_server import ServerRollouts
-from workers.pipeline.plan import InputBatch
+from workers.pipeline.plan import InputBatch, prompt_messages
 from workers.pipeline.steps import Batch, StepBridge, build_groups
 
 log = logging.getLogger(__name__)
@@ -74,8 +74,6 @@ class RolloutsAhead:
         ranks: Any,
         bridge: StepBridge,
     ) -> None:
-        from workers.pipeline.training import prompt_messages
-
         assert spec.grpo.async_rollouts is not None
         self.ctx = ctx
         self.bridge = bridge  # scores the steps ahead, as it scores a synchronous run's

@@ -31,6 +31,12 @@ class InputBatch:
     items: tuple[PlannedInput, ...]
 
 
+def prompt_messages(system_prompt: str | None, input_text: str) -> list[dict[str, str]]:
+    """The chat an input is asked as: the run's system prompt, then the input."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    return [*messages, {"role": "user", "content": input_text}]
+
+
 def steps_per_epoch(n_train: int, groups_per_step: int) -> int:
     return math.ceil(n_train / groups_per_step) if n_train else 0
 

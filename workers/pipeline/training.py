@@ -34,7 +34,7 @@ from workers.context import RunContext
 from workers.environments import LoadedEnvironment
 from workers.pipeline.disk import raise_if_disk_full
 from workers.pipeline.paths import RunPaths
-from workers.pipeline.plan import InputBatch, PlannedInput
+from workers.pipeline.plan import InputBatch, PlannedInput, prompt_messages
 from workers.pipeline.steps import StepBridge
 from workers.pipeline.world import Ranks
 from workers.rewards import Scorer
@@ -96,11 +96,6 @@ def check_model(model_name: str, *, tools: bool = False, sft: bool = False) -> N
                 f"the chat template of {model_name!r} cannot be trained with an SFT warm-up "
                 f"(the loss is on assistant turns only): {exc}"
             ) from exc
-
-
-def prompt_messages(system_prompt: str | None, input_text: str) -> list[dict[str, str]]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return [*messages, {"role": "user", "content": input_text}]
 
 
 def _rows(spec: RunSpec, items: list[PlannedInput]) -> list[dict[str, Any]]:
