@@ -151,11 +151,7 @@ def train(
     from trl import GRPOTrainer
 
     from workers.pipeline.callback import RunCallback
-    from workers.pipeline.hooks import (
-        AgentTrainer,
-        GatewayTrainer,
-        stop_generating_when_cancelled,
-    )
+    from workers.pipeline.hooks import AgentTrainer, GatewayTrainer, stop_generating_when_cancelled
     from workers.pipeline.trackers import tracker_callbacks
 
     grpo = spec.grpo
