@@ -15,8 +15,9 @@ class GeneratedRollouts(SQLModel, table=True):
     prompts and completions and the log-probabilities they were sampled with, and the policy
     version (the adapter's step) that sampled them. ``step`` is the step that trains on
     them; ``discarded`` says why a row was not (a resumed run lost its policy version, or it
-    fell past the staleness bound). Rows of steps up to the last checkpoint are deleted with
-    it: from there on the trajectories hold what was trained on, policy version included."""
+    fell past the staleness bound). Trained rows of steps up to a checkpoint are deleted with
+    it: from there on the trajectories hold what was trained on, policy version included;
+    discarded rows stay."""
 
     __tablename__ = "generated_rollouts"
     __table_args__ = (

@@ -14,7 +14,7 @@ from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.rollouts.models import GeneratedRollouts
-from app.runs.lifecycle.state import Fence, LeaseLost, json_param
+from app.runs.lifecycle.state import Fence, LeaseLost
 
 _FENCED = "SELECT 1 FROM runs WHERE id = $1 AND lease_owner = $2 AND attempt = $3"
 
@@ -31,7 +31,7 @@ _STORE = f"""
 """
 
 _USABLE = """
-    SELECT id, step, policy_version, rollouts, payload::text AS payload, created_at
+    SELECT id, step, policy_version, rollouts, payload::text AS payload
       FROM generated_rollouts
      WHERE run_id = $1 AND step > $2 AND discarded IS NULL
      ORDER BY step
@@ -63,19 +63,14 @@ async def store(
     fence: Fence,
     step: int,
     policy_version: int,
-    payload: dict[str, Any],
+    rollouts: int,
+    payload: str,
 ) -> None:
-    """Keep step ``step``'s rollouts; raises :class:`LeaseLost` when the worker no longer
-    holds the run (nothing is written)."""
+    """Keep step ``step``'s ``rollouts`` rollouts, ``payload`` as JSON text (made storable
+    by ``json_param``: NUL characters, infinities); raises :class:`LeaseLost` when the
+    worker no longer holds the run (nothing is written)."""
     stored = await conn.fetchval(
-        _STORE,
-        run_id,
-        fence.owner,
-        fence.attempt,
-        step,
-        policy_version,
-        len(payload["completion_ids"]),
-        json_param(payload),  # storable: NUL characters, infinities
+        _STORE, run_id, fence.owner, fence.attempt, step, policy_version, rollouts, payload
     )
     if stored is None:
         raise LeaseLost(run_id)

@@ -48,6 +48,14 @@ async def _connect(sessionmaker) -> asyncpg.Connection:
     return await asyncpg.connect(**connect_kwargs(url))
 
 
+async def _until(conn: asyncpg.Connection, count: str, run: uuid.UUID) -> None:
+    """Until the query ``count`` (of the run ``$1``) counts something: 300 s at most."""
+    deadline = time.monotonic() + 300
+    while not await conn.fetchval(count, run):
+        assert time.monotonic() < deadline, f"never true: {count}"
+        await asyncio.sleep(0.05)
+
+
 async def _versions(sessionmaker, run_id: str) -> dict[int, set[int]]:
     """Each step's trajectories' policy versions."""
     async with sessionmaker() as s:
@@ -127,12 +135,9 @@ async def test_a_worker_killed_mid_run_resumes_with_the_rollouts_it_stored(
     try:
         # Kill once step 8 is stored ahead: sampled by an adapter after the checkpoint of
         # step 4 (the next is at step 8's end), so the resumed attempt cannot use it.
-        deadline = time.monotonic() + 300
-        while not await conn.fetchval(
-            "SELECT count(*) FROM generated_rollouts WHERE run_id = $1 AND step = 8", run
-        ):
-            assert time.monotonic() < deadline, first.output()[-3000:]
-            await asyncio.sleep(0.05)
+        await _until(
+            conn, "SELECT count(*) FROM generated_rollouts WHERE run_id = $1 AND step = 8", run
+        )
         first.kill()
         checkpoints = await conn.fetch("SELECT step FROM checkpoints WHERE run_id = $1", run)
         assert [r["step"] for r in checkpoints] == [4], checkpoints
@@ -244,14 +249,12 @@ async def test_a_server_that_dies_mid_run_ends_the_attempt_and_the_run_resumes_o
         conn = await _connect(sessionmaker)
         try:
             # Dies once step 5 is stored ahead of the checkpoint of step 3.
-            deadline = time.monotonic() + 300
-            while not await conn.fetchval(
+            await _until(
+                conn,
                 "SELECT count(*) FROM checkpoints c, generated_rollouts g WHERE c.run_id = $1 "
                 "AND c.step = 3 AND g.run_id = $1 AND g.step = 5",
                 run,
-            ):
-                assert time.monotonic() < deadline, worker.output()[-3000:]
-                await asyncio.sleep(0.05)
+            )
             stop_vllm(server, signal.SIGKILL)
             await worker.wait_for_output("attempt 1 ended: vLLM server", within=120)
             server = launch_vllm(tiny_model, port, log)

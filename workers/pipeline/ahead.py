@@ -41,6 +41,7 @@ from packaging.version import Version
 from trl.chat_template_utils import parse_response
 
 from app.rollouts import service as generated
+from app.runs.lifecycle.state import json_param
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.ml.vllm_server import ServerRollouts
@@ -129,7 +130,6 @@ class RolloutsAhead:
         assert 0 <= staleness <= self.bound, (step, got.version)
         for name, value in {
             "async/staleness": staleness,
-            "async/policy_version": got.version,
             "async/generation_seconds": got.seconds,
             "async/scoring_seconds": got.scoring,
             "async/wait_seconds": waited,
@@ -249,7 +249,9 @@ class RolloutsAhead:
             "logprobs": logprobs,
             "scored_ahead": scored,
         }
-        self.ctx.runtime.run(self._store(step, version, payload))
+        # Serialized here, not on the runtime loop that heartbeats the lease.
+        stored = json_param(payload)
+        self.ctx.runtime.run(self._store(step, version, len(completion_ids), stored))
         log.info(
             "run %s: step %d generated ahead by the adapter of step %d in %.2f s, scored in %.2f s",
             self.ctx.run_id,
@@ -289,9 +291,11 @@ class RolloutsAhead:
         return [{"reward": score.reward, "breakdown": score.breakdown} for score in scores]
 
     # -- storage ---------------------------------------------------------------------------
-    async def _store(self, step: int, version: int, payload: dict[str, Any]) -> None:
+    async def _store(self, step: int, version: int, rollouts: int, payload: str) -> None:
         async with self.ctx.runtime.pg() as conn:
-            await generated.store(conn, self.ctx.run_id, self.ctx.fence, step, version, payload)
+            await generated.store(
+                conn, self.ctx.run_id, self.ctx.fence, step, version, rollouts, payload
+            )
 
     async def _usable(self, after: int) -> list[generated.Generated]:
         async with self.ctx.runtime.pg() as conn:

@@ -140,7 +140,6 @@ class StepBridge:
         self.ranks = ranks or Ranks()
         self.group_size = spec.rollouts_per_group
         self.trainer: Any = None
-        self.versions: list[int] | None = None
         # An asynchronous run's producer scores the steps ahead while this thread evaluates.
         self.scoring = threading.Lock()
         self.stats = StepStats()
@@ -194,10 +193,11 @@ class StepBridge:
         step = trainer_state.global_step + 1
         # An asynchronous run's rollouts say which adapter sampled them, and come scored
         # (one process).
-        self.versions = policy_version
         ahead = self._ahead(scored_ahead, texts) if scored_ahead and not evaluating else None
         rewards: list[float | None] = self.ranks.on_rank_zero(
-            lambda: self._score(batch, episodes, environments, step, evaluating, log_metric, ahead)
+            lambda: self._score(
+                batch, episodes, environments, step, evaluating, log_metric, ahead, policy_version
+            )
         )
         start = self.ranks.rank * local
         return rewards[start : start + local]
@@ -211,6 +211,7 @@ class StepBridge:
         evaluating: bool,
         log_metric: Any,
         ahead: list[list[Score]] | None = None,
+        versions: list[int] | None = None,
     ) -> list[float | None]:
         """Score the step's groups (unless they come scored: ``ahead``) and store them (rank
         0: the whole batch); the rewards."""
@@ -242,7 +243,7 @@ class StepBridge:
                     "engine": self.engine,
                     "completion_tokens": tokens[i],
                     **(episodes[i].metadata if episodes is not None else {}),
-                    **({"policy_version": self.versions[i]} if self.versions else {}),
+                    **({"policy_version": versions[i]} if versions else {}),
                 },
             }
             for i in range(len(texts))
