@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -48,6 +49,8 @@ class Client:
             transport=httpx.AsyncHTTPTransport(retries=retries),
         )
         self._model_http: httpx.AsyncClient | None = None
+        self._sync_model_http: httpx.Client | None = None
+        self._sync_lock = threading.Lock()
 
     def model_http(self) -> httpx.AsyncClient:
         """The connection pool every episode's ``AsyncOpenAI`` shares (the openai SDK's
@@ -59,6 +62,16 @@ class Client:
             self._model_http = DefaultAsyncHttpxClient()
         return self._model_http
 
+    def sync_model_http(self) -> httpx.Client:
+        """The blocking connection pool every episode's ``OpenAI`` shares, made once by the
+        first thread that asks (an ``httpx.Client`` may be shared between threads)."""
+        with self._sync_lock:
+            if self._sync_model_http is None:
+                from openai import DefaultHttpxClient
+
+                self._sync_model_http = DefaultHttpxClient()
+            return self._sync_model_http
+
     async def __aenter__(self) -> Client:
         return self
 
@@ -69,6 +82,8 @@ class Client:
         await self._http.aclose()
         if self._model_http is not None:
             await self._model_http.aclose()
+        if self._sync_model_http is not None:
+            self._sync_model_http.close()
 
     async def _request(
         self, method: str, path: str, *, token: str | None = None, **kwargs: Any
@@ -238,9 +253,12 @@ class Episode:
         return AsyncOpenAI(base_url=self.base_url, api_key=self.token, **kwargs)
 
     def sync_openai_client(self, **kwargs: Any) -> Any:
-        """An ``openai.OpenAI`` (blocking) bound to this episode."""
+        """An ``openai.OpenAI`` (blocking, for a harness's threads) bound to this episode, on
+        the blocking connection pool its :class:`Client`'s episodes share (``http_client=``
+        for another)."""
         from openai import OpenAI
 
+        kwargs.setdefault("http_client", self.client.sync_model_http())
         return OpenAI(base_url=self.base_url, api_key=self.token, **kwargs)
 
     async def finish(
