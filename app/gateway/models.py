@@ -4,7 +4,8 @@
 An episode is made by the worker when its step starts collecting, handed to a harness by a
 claim (``issued`` counts them; the claim's token is stored hashed), and ends ``finished``
 (the harness's reward), ``failed`` (the harness said so) or ``dropped`` (given out
-``max_issues`` times without an end). A later attempt that redoes its step from an earlier
+``max_issues`` times without an end, or still open when its run ended: cancelled, failed,
+completed). A later attempt that redoes its step from an earlier
 checkpoint hands it out again (its calls came from weights that no longer exist) under a
 new claim; its earlier calls stay, under their issue (the count goes on, and a hand-out of
 the lost attempt counts against ``max_issues``).
@@ -50,6 +51,17 @@ class EpisodeStatus(StrEnum):
 
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in EpisodeStatus)
+
+# Attached to every move of a run to a terminal status (app/runs/lifecycle/state.py), in its
+# statement: the run's episodes still open end with it, ``dropped``, saying why; a harness
+# holding one gets a 409 at its next call or finish, as before. $1: the run's new status.
+ENDED_WITH_RUN = """
+    UPDATE episodes AS e
+       SET status = 'dropped', token_hash = NULL, ended_at = now(),
+           error = 'The run ended (' || $1 || ') before the episode did.'
+      FROM moved
+     WHERE e.run_id = moved.id AND e.status IN ('pending', 'claimed')
+"""
 
 
 class Episode(SQLModel, table=True):

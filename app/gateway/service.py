@@ -243,10 +243,11 @@ async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> N
     row = await pg.fetchrow(_WHY_NOT, episode_id, token_hash)
     if row is None:
         raise EpisodeNotFound()
+    if run_is_over(row["run_status"]) and row["status"] not in ("finished", "failed"):
+        # Still open when its run ended, and dropped with it (ENDED_WITH_RUN).
+        raise EpisodeNotOpen(f"The episode's run has ended ({row['run_status']}).")
     if row["status"] in ("finished", "failed", "dropped"):
         raise EpisodeNotOpen(f"The episode has ended ({row['status']}).")
-    if run_is_over(row["run_status"]):
-        raise EpisodeNotOpen(f"The episode's run has ended ({row['run_status']}).")
     if not row["ours"] or not row["live"]:
         raise EpisodeNotOpen(
             "The claim of this token was taken back at its deadline; the episode is handed "

@@ -292,7 +292,8 @@ async def test_a_call_waiting_on_a_cancelled_run_is_refused_not_left_hanging(
     tenant, start_worker, tiny_model, worker_home, api_server
 ) -> None:
     """The run is cancelled while a harness still holds a claim: its next call, which no
-    worker will answer, is refused once the claim is read again, not at its deadline."""
+    worker will answer, is refused once the claim is read again, not at its deadline; the
+    claimed episode and those never claimed end with the run, dropped."""
     start_worker(**worker_home)
     body = gateway_run(tiny_model, max_steps=1)
     body["environment"]["episode_timeout_seconds"] = 600
@@ -308,4 +309,10 @@ async def test_a_call_waiting_on_a_cancelled_run_is_refused_not_left_hanging(
         assert run.status == "cancelled"
         with pytest.raises(openai.ConflictError) as late:
             await client.chat.completions.create(model="policy", messages=episode.messages)
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        episodes = (await http.get(f"/runs/{run.id}/episodes")).json()["data"]
     assert "run has ended (cancelled)" in late.value.message
+    # The run's episodes ended with it: none is left pending or claimed in the listing.
+    assert {(e["status"], e["error"]) for e in episodes} == {
+        ("dropped", "The run ended (cancelled) before the episode did.")
+    }

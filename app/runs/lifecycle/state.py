@@ -35,6 +35,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.core.domain import Conflict, NotFound
 from app.core.storable import jsonable
 from app.events.service import insert_events
+from app.gateway.models import ENDED_WITH_RUN
 from app.runs.lifecycle.status import TERMINAL, WORKING, RunStatus
 from app.runs.models import Run
 
@@ -312,8 +313,11 @@ def compile_move(move: Move) -> tuple[str, list[Any]]:
     events += [{"level": "info", **event} for event in move.events]
     args[3] = json_param(events)
 
+    attachments = list(move.rows)
+    if not move.stay and dst in TERMINAL:
+        attachments.append(Rows(ENDED_WITH_RUN, (dst.value,)))
     rows = ""
-    for i, attached in enumerate(move.rows):
+    for i, attached in enumerate(attachments):
         rows += f", rows_{i} AS ({_shifted(attached.sql, len(args))})"
         args.extend(attached.args)
 
