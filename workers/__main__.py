@@ -3,11 +3,12 @@
 the workers' code.
 
     python -m workers worker --queues=gpu --pool=solo …   (Celery's worker arguments)
-    python -m workers tiny-model PATH [SEED] [--tools]   (--tools: the agent variant)
+    python -m workers tiny-model PATH [SEED] [--tools] [--width W] [--layers L]
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -21,9 +22,14 @@ def main(argv: list[str]) -> None:
     elif command == "tiny-model":
         from workers.ml.tiny_model import build_tiny_model
 
-        tools = "--tools" in args
-        args = [a for a in args if a != "--tools"]
-        build_tiny_model(Path(args[0]), seed=int(args[1]) if len(args) > 1 else 0, tools=tools)
+        p = argparse.ArgumentParser(prog="python -m workers tiny-model")
+        p.add_argument("path", type=Path)
+        p.add_argument("seed", type=int, nargs="?", default=0)
+        p.add_argument("--tools", action="store_true", help="the agent variant")
+        p.add_argument("--width", type=int, default=64)
+        p.add_argument("--layers", type=int, default=2)
+        a = p.parse_args(args)
+        build_tiny_model(a.path, seed=a.seed, tools=a.tools, width=a.width, layers=a.layers)
     else:
         sys.exit(__doc__)
 

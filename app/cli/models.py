@@ -80,9 +80,20 @@ def tiny_model(
             "(Qwen2.5's), for runs with an environment.",
         ),
     ] = False,
+    width: Annotated[
+        int,
+        typer.Option(
+            min=32,
+            help="Hidden size, a multiple of 32 (256: a model whose training takes a "
+            "real share of a step, for benchmarks).",
+        ),
+    ] = 64,
+    layers: Annotated[int, typer.Option(min=1, help="Decoder layers.")] = 2,
 ) -> None:
     """Build the tiny Llama and tokenizer used by the demo and the tests (no hub access);
     prints the folder's absolute path, which a run's model_name can take as it is."""
+    if width % 32:
+        raise typer.BadParameter(f"{width} is not a multiple of 32", param_hint="--width")
     if path is None:
         from app.cli.installation import find_installation
 
@@ -94,7 +105,8 @@ def tiny_model(
     # Built by the workers' code, in a process of its own (it imports torch).
     subprocess.run(
         [sys.executable, "-m", "workers", "tiny-model", str(path), str(seed)]
-        + (["--tools"] if tools else []),
+        + (["--tools"] if tools else [])
+        + ["--width", str(width), "--layers", str(layers)],
         check=True,
     )
     err.print(f"tiny model written to {path}", highlight=False)

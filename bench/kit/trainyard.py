@@ -223,8 +223,9 @@ def model_for(args: argparse.Namespace, home: Path, *, tools: bool = False) -> P
         return Path(args.model).resolve()
     require_cli(args.trainyard_bin)
     model = home / "models" / ("tiny-llama-tools" if tools else "tiny-llama")
+    size = ["--width", str(args.width), "--layers", str(args.layers)] if "width" in args else []
     run_checked(
-        [str(args.trainyard_bin), "tiny-model", str(model), *(["--tools"] if tools else [])],
+        [str(args.trainyard_bin), "tiny-model", str(model), *(["--tools"] if tools else []), *size],
         what="building the tiny model",
     )
     return model.resolve()
@@ -312,5 +313,10 @@ def add_trainyard_args(
 
 
 def add_model_arg(p: argparse.ArgumentParser) -> None:
-    """``--model``, read by :func:`model_for`."""
+    """``--model``, or the size of the tiny model :func:`model_for` builds (``--width``,
+    ``--layers``)."""
     p.add_argument("--model", type=Path, help="tiny model folder (default: built in a temp home)")
+    p.add_argument(
+        "--width", type=int, default=64, help="the tiny model's hidden size, when it is built"
+    )
+    p.add_argument("--layers", type=int, default=2, help="its decoder layers")

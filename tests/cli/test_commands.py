@@ -300,6 +300,20 @@ def test_tiny_model_prints_the_absolute_path_a_run_can_name(tmp_path: Path) -> N
 
 
 @pytest.mark.slow
+def test_tiny_model_builds_a_wider_deeper_one_on_request(tmp_path: Path) -> None:
+    """The benchmark of asynchronous rollouts trains a larger tiny model (bench/scaling.py
+    async --width 256 --layers 4); a width the heads cannot divide is refused."""
+    env = user_env(tmp_path / "user")
+    done = cli("tiny-model", "wide", "--width", "256", "--layers", "4", cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    config = json.loads((Path(done.stdout.strip()) / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"]) == (256, 4)
+    assert (config["num_attention_heads"], config["intermediate_size"]) == (8, 512)
+    refused = cli("tiny-model", "odd", "--width", "100", cwd=tmp_path, env=env)
+    assert refused.returncode != 0 and "--width" in refused.stderr, refused.stderr
+
+
+@pytest.mark.slow
 def test_the_readme_curl_example_is_a_run_the_api_accepts(server: Server, tmp_path: Path) -> None:
     readme = (ROOT / "README.md").read_text()
     shell = readme[readme.index("curl -s -X POST localhost:8000/runs") :]

