@@ -49,26 +49,47 @@ def judge() -> Iterator[ScriptedLLM]:
     yield from serve(ScriptedLLM())
 
 
+class Workers:
+    """The module's one real ``trainyard worker`` running the real pipeline on the tiny
+    model; :meth:`restart` SIGKILLs it and starts another on the same home (a run it held
+    resumes from its last checkpoint there)."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.started = 0
+        self.worker = self._spawn()
+
+    def _spawn(self) -> Worker:
+        self.started += 1
+        return spawn_worker(self.logs / f"worker-{self.started}.log", self.env)
+
+    def restart(self) -> None:
+        self.worker.kill(signal.SIGKILL)
+        self.worker = self._spawn()
+
+    def stop(self) -> None:
+        if self.worker.proc.poll() is None:
+            self.worker.kill(signal.SIGKILL)
+
+
 @pytest.fixture(scope="module")
 def workers(
     module_database: OwnDatabase,  # noqa: F811
     ui_logs: Path,
     tiny_model: Path,  # noqa: F811
-) -> Iterator[Worker]:
-    """One real ``trainyard worker`` running the real pipeline on the tiny model."""
+) -> Iterator[Workers]:
     env = {
         **module_database.env(),
         **FAST,
         "TRAINYARD_PIPELINE": "workers.pipeline:run_pipeline",
         "TRAINYARD_HOME": str(ui_logs / "home"),
     }
-    worker = spawn_worker(ui_logs / "worker.log", env)
-    proc = worker.proc
+    running = Workers(env, ui_logs)
     try:
-        yield worker
+        yield running
     finally:
-        if proc.poll() is None:
-            worker.kill(signal.SIGKILL)
+        running.stop()
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from tests.support.api_process import ApiProcess
 from tests.support.database import Tenant
 from tests.support.llm import ScriptedLLM, completion_of
 from tests.support.workers import letters_run
-from tests.ui.conftest import Page
+from tests.ui.conftest import Page, Workers
 
 # A run with no checkpoint, no evaluation and no best model kept: steps only.
 PLAIN = {"save_steps": 100, "validation_fraction": 0.0, "load_best_model_at_end": False}
@@ -711,6 +711,43 @@ async def test_the_charts_miss_no_step_when_reads_straddle_commits(
     assert reads >= 4  # the first read and at least one held read after it
     assert _points(data[1], data[0]) == [(p["step"], p["value"]) for p in served]
     assert data[0] == list(range(1, 9))
+
+
+_STEP_SECONDS = """() => {
+  const s = window.trainyard.run.store.get("step_seconds");
+  return s ? Object.fromEntries(s.steps.map((step, i) => [step, s.values[i]])) : {};
+}"""
+
+
+async def test_steps_a_resumed_attempt_does_again_replace_what_the_charts_held(
+    page: Page, api_server: ApiProcess, tenant: Tenant, workers: Workers, tiny_model: Any
+) -> None:
+    """The worker SIGKILLed after the page has drawn steps past a checkpoint: the next
+    attempt resumes from that checkpoint and does those steps again, replacing their points
+    (a step's seconds never repeat), and the page ends with the new attempt's values, not
+    the ones it had drawn."""
+    body = letters_run(
+        tiny_model, max_steps=30, trained_model_name="redone", grpo={**PLAIN, "save_steps": 5}
+    )
+    run_id = await _create(api_server, tenant, body)
+    await page.sign_in(tenant.key, f"/ui/runs/{run_id}")
+    await page.until(
+        "() => (window.trainyard.run.store.get('step_seconds')?.steps.at(-1) ?? 0) >= 7",
+        within=240,
+    )
+    drawn = await page.page.evaluate(_STEP_SECONDS)
+    await asyncio.to_thread(workers.restart)
+    await page.until(
+        "() => document.getElementById('live-state').dataset.state === 'ended'", within=300
+    )
+    done = await _run(api_server, tenant, run_id)
+    assert (done["status"], done["attempt"]) == ("completed", 2), done
+    await page.until("() => window.trainyard.run.store.get('step_seconds').steps.at(-1) === 30")
+    shown = await page.page.evaluate(_STEP_SECONDS)
+    served = (await _metrics(api_server, tenant, run_id, name="step_seconds"))["step_seconds"]
+    assert [(int(k), v) for k, v in shown.items()] == [(p["step"], p["value"]) for p in served]
+    redone = [step for step, value in drawn.items() if shown[step] != value]
+    assert redone, (drawn, shown)  # the steps after the checkpoint were drawn anew
 
 
 async def _events(api: ApiProcess, tenant: Tenant, run_id: str) -> list[dict[str, Any]]:

@@ -3,8 +3,9 @@
 //
 // Live updates: after the first read of the metrics the page follows the run's event
 // stream (sse.js). A `step` event past the last step read reads the steps since
-// (`step_min`..`step_max`) and hands them to the charts with setData; `eval` reads again
-// from the evaluated step; `status`, `lease`, `checkpoint` and the stream's `end` update
+// (`step_min`..`step_max`) and hands them to the charts with setData; a `step` event at or
+// below one streamed before it (a resumed attempt doing steps again) and `eval` read again
+// from that step; `status`, `lease`, `checkpoint` and the stream's `end` update
 // the header and tables. Reads are coalesced: at most one in flight, and events arriving
 // meanwhile widen the next one instead of queueing more.
 //
@@ -187,6 +188,9 @@ export async function mount(root, runId) {
   let committed = run.step;
   let rereadFrom = null;
   let ended = TERMINAL.has(run.status);
+  // The highest step of the `step` events streamed so far: a step at or below it is one a
+  // resumed attempt does again (the stream replays a run's events in order).
+  let streamMax = -1;
   // The first read of the series every run has holds every step up to its last (steps
   // commit in order); the second, made after the run was read, every step up to the run's.
   const metricsP = Promise.all([
@@ -298,12 +302,19 @@ export async function mount(root, runId) {
     switch (event.data?.type || event.type) {
       case "step":
         lastStepMessage = event.data.message;
-        if (typeof data.step === "number" && data.step > committed) {
+        if (typeof data.step !== "number") break;
+        if (data.step > committed) {
           committed = data.step;
           if (data.step > run.step) run = { ...run, step: data.step };
           renderHead();
           pumpMetrics();
+        } else if (data.step <= streamMax) {
+          // A step done again: the run resumed from an earlier checkpoint, and the step's
+          // points were replaced with the new attempt's. Read them again from it.
+          rereadFrom = Math.min(rereadFrom ?? data.step, data.step);
+          pumpMetrics();
         }
+        streamMax = Math.max(streamMax, data.step);
         break;
       case "eval":
         // An evaluation commits after its step's training metrics and before the next
