@@ -221,6 +221,64 @@ async def test_pause_keeps_the_rollouts_generated_ahead_and_cancel_stops_the_pro
         assert f"step {step} generated ahead" not in resumed_log, step
 
 
+async def test_a_handover_passes_the_rollouts_stored_ahead_to_the_next_worker(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, vllm_server
+) -> None:
+    """A deploy (SIGTERM to the worker holding an async run): it checkpoints at the next step
+    boundary and hands the run over; the next worker trains on the steps the first stored
+    ahead of that checkpoint, generating none of them again, without using an attempt."""
+    # A prompt resume is the handover's, not a re-dispatch after a lost lease.
+    env = {
+        **worker_home,
+        "TRAINYARD_REDISPATCH_SECONDS": "600",
+        "TRAINYARD_LEASE_TTL_SECONDS": "10",
+    }
+    workers = [start_worker(**env), start_worker(**env)]
+    body = _async_run(
+        tiny_model, vllm_server["base_url"], async_rollouts={"max_staleness": 2}, save_steps=100
+    )
+    body["max_steps"] = 16
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    run = uuid.UUID(run_id)
+    held = await wait_for(
+        sessionmaker, run_id, lambda r: r.step >= 3 and r.lease_owner is not None, within=300
+    )
+    owner = next(w for w in workers if held.lease_owner.endswith(f":{w.proc.pid}"))
+    owner.kill(signal.SIGTERM)  # waits for the process to exit
+    assert owner.proc.returncode == 0, owner.output()[-3000:]
+    assert "handed over" in owner.output()
+    conn = await _connect(sessionmaker)
+    try:
+        stored = dict(
+            await conn.fetch(
+                "SELECT step, policy_version FROM generated_rollouts "
+                "WHERE run_id = $1 AND discarded IS NULL",
+                run,
+            )
+        )
+    finally:
+        await conn.close()
+    done = await wait_for(
+        sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=600
+    )
+    assert done.status == "completed", done.error
+    assert (done.failures, done.attempt) == (0, 2)
+    (handover,) = [e for e in await events(sessionmaker, run_id) if e.type == "handover"]
+    at = handover.data["step"]
+    ahead = sorted(step for step in stored if step > at)
+    assert ahead and all(stored[step] <= at for step in ahead), (at, stored)
+    successor = next(w for w in workers if w is not owner)
+    log = successor.output()
+    assert f"resumed with the stored rollouts of steps {ahead}" in log, log[-3000:]
+    for step in ahead:
+        assert f"step {step} generated ahead" not in log, step
+    versions = await _versions(sessionmaker, run_id)
+    for step in ahead:
+        assert versions[step] == {stored[step]}, (step, versions)
+    staleness = {step: step - 1 - v for step, vs in versions.items() for v in vs}
+    assert sorted(staleness) == list(range(1, 17)) and max(staleness.values()) <= 2
+
+
 async def test_a_server_that_dies_mid_run_ends_the_attempt_and_the_run_resumes_on_its_stores(
     client, tenant, sessionmaker, start_worker, tiny_model, worker_home, tmp_path
 ) -> None:
