@@ -170,6 +170,20 @@ def serve(llm: ScriptedLLM) -> Iterator[ScriptedLLM]:
         sock.close()
 
 
+def ruler_by_share_of_a(body: dict[str, Any]) -> dict[str, Any]:
+    """A RULER judge's answer (a :meth:`ScriptedLLM.handle` handler): every trajectory of the
+    group scored by its answer's share of the letter 'a'."""
+    import re
+
+    user = body["messages"][-1]["content"]
+    scores = []
+    for tid, text in re.findall(r'<trajectory id="(\w+)">\n(.*?)\n</trajectory>', user, re.S):
+        answer = re.sub(r"<[^>]+>", "", text).strip()
+        fraction = answer.count("a") / len(answer) if answer else 0.0
+        scores.append({"trajectory_id": tid, "explanation": "a share", "score": fraction})
+    return {"scores": scores}
+
+
 @pytest.fixture(scope="session")
 def llm_server() -> Iterator[ScriptedLLM]:
     yield from serve(ScriptedLLM())

@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.api_process import api_server  # noqa: F401  (fixtures)
 from tests.support.database import api, own_database, sessionmaker  # noqa: F401  (fixtures)
-from tests.support.llm import free_port
+from tests.support.llm import free_port, llm, llm_server  # noqa: F401  (fixtures)
 from tests.support.workers import (  # noqa: F401  (fixtures)
     VLLM_PYTHON,
     launch_vllm,

@@ -17,7 +17,7 @@ from sqlalchemy import select
 
 from app.core.pg import connect_kwargs
 from app.trajectories.models import Trajectory
-from tests.support.llm import free_port
+from tests.support.llm import free_port, ruler_by_share_of_a
 from tests.support.runs import events, series, wait_for
 from tests.support.workers import (
     VLLM_PYTHON,
@@ -378,3 +378,52 @@ async def test_a_judged_async_run_asks_its_judge_ahead_of_the_step(
             )
         ).scalars()
         assert all("ruler" in b for b in breakdowns)
+
+
+async def test_a_resumed_judged_run_never_asks_its_judge_about_a_stored_step_again(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, vllm_server, llm
+) -> None:
+    """Every judge request is counted (RULER's judge is a scripted OpenAI-compatible server):
+    the worker that resumes after a SIGKILL asks about the steps it generates, one request
+    per group, and about none of the steps it takes from storage; the trainer asks nothing."""
+    llm.handle(ruler_by_share_of_a)
+    first = start_worker(
+        **worker_home, TRAINYARD_LEASE_TTL_SECONDS="10", TRAINYARD_HEARTBEAT_SECONDS="1"
+    )
+    body = _async_run(
+        tiny_model,
+        vllm_server["base_url"],
+        async_rollouts={"max_staleness": 2},
+        save_steps=4,
+        validation_fraction=0.0,  # no evaluation: every judge request is a step's
+        load_best_model_at_end=False,
+    )
+    body["max_steps"] = 10
+    body["reward"] = {"type": "ruler", "judge": {"base_url": llm.base_url, "model": "judge-small"}}
+    run_id = (await client.post("/runs", json=body, headers=tenant.headers)).json()["id"]
+    run = uuid.UUID(run_id)
+    conn = await _connect(sessionmaker)
+    try:
+        await _until(
+            conn, "SELECT count(*) FROM generated_rollouts WHERE run_id = $1 AND step = 7", run
+        )
+        first.kill()  # waits for the process to exit: its requests are all in
+        before = len(llm.requests)
+        second = start_worker(
+            **worker_home, TRAINYARD_LEASE_TTL_SECONDS="10", TRAINYARD_HEARTBEAT_SECONDS="1"
+        )
+        done = await wait_for(
+            sessionmaker, run_id, lambda r: r.status in {"completed", "failed"}, within=600
+        )
+    finally:
+        await conn.close()
+    assert done.status == "completed", done.error
+    log = second.output()
+    found = re.search(r"resumed with the stored rollouts of steps \[([0-9, ]+)\]", log)
+    assert found, log[-3000:]
+    kept = [int(s) for s in found.group(1).split(",")]
+    generated = [int(s) for s in re.findall(r"step (\d+) generated ahead", log)]
+    assert kept and not set(kept) & set(generated), (kept, generated)
+    assert sorted(kept + generated) == list(range(5, 11))  # after the checkpoint of step 4
+    assert len(llm.requests) - before == 2 * len(generated)  # 2 groups a step, judged once
+    assert "scoring them again" not in log

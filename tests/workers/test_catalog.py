@@ -19,6 +19,7 @@ from sqlalchemy import select
 from app.trajectories.models import Trajectory
 from tests.support import ROOT
 from tests.support.database import OwnDatabase, Tenant, app_on, client_of
+from tests.support.llm import ruler_by_share_of_a
 from tests.support.runs import create_run, wait_for
 from tests.support.workers import addition_run, letters_run
 
@@ -96,19 +97,6 @@ async def catalog_api(
         yield client, catalog
 
 
-def _judge(body: dict[str, Any]) -> dict[str, Any]:
-    """RULER's judge: every trajectory of the group scored by its share of 'a'."""
-    import re
-
-    user = body["messages"][-1]["content"]
-    scores = []
-    for tid, text in re.findall(r'<trajectory id="(\w+)">\n(.*?)\n</trajectory>', user, re.S):
-        answer = re.sub(r"<[^>]+>", "", text).strip()
-        fraction = answer.count("a") / len(answer) if answer else 0.0
-        scores.append({"trajectory_id": tid, "explanation": "a share", "score": fraction})
-    return {"scores": scores}
-
-
 async def test_catalog_entries_work_end_to_end(
     catalog_api: tuple[httpx.AsyncClient, Path],
     tenant: Tenant,
@@ -120,7 +108,7 @@ async def test_catalog_entries_work_end_to_end(
     llm: Any,
 ) -> None:
     client, catalog = catalog_api
-    llm.handle(_judge)
+    llm.handle(ruler_by_share_of_a)
     start_worker(**worker_home, **_under_catalog(catalog))
     agent = addition_run(
         tool_model,
