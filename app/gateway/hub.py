@@ -5,6 +5,12 @@ connections for every call and claim in flight, however many there are.
 
 Every blocking read waits at most :data:`BLOCK_SECONDS`, under redis-py's socket timeout
 (5 s by default): a longer BLPOP would end in a timeout error of the client's own.
+
+The calls in flight hand their messages over on a pool of at most :data:`POOL_CONNECTIONS`
+connections, a call waiting up to :data:`POOL_WAIT_SECONDS` for a free one (redis-py's
+``BlockingConnectionPool``): redis-py's default pool refuses a command beyond its 100
+connections (``MaxConnectionsError``), which 200 episodes calling at once reached, each
+such call a 503.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ from app.gateway import wire
 log = logging.getLogger(__name__)
 
 BLOCK_SECONDS = 2.0
+POOL_CONNECTIONS = 32  # the reply reader and the pattern subscription hold one each
+POOL_WAIT_SECONDS = 5.0
 # How long a call waits for its answer before its claim is read again.
 RECHECK_SECONDS = 2.0
 
@@ -31,7 +39,11 @@ RECHECK_SECONDS = 2.0
 class GatewayHub:
     def __init__(self, url: str, prefix: str) -> None:
         self.prefix = prefix
-        self.redis = redis.asyncio.from_url(redis_py_url(url))
+        self.redis = redis.asyncio.Redis.from_pool(
+            redis.asyncio.BlockingConnectionPool.from_url(
+                redis_py_url(url), max_connections=POOL_CONNECTIONS, timeout=POOL_WAIT_SECONDS
+            )
+        )
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._listener: asyncio.Task[None] | None = None
         self._replies = wire.reply(prefix, uuid.uuid4())  # this process's
