@@ -23,7 +23,8 @@ from app.catalog.policy import NAMING, CodePolicy, RunRefused
 from app.events import service as events
 from app.observability import prometheus
 from app.runs.lifecycle import leases
-from app.runs.lifecycle.state import Fence, LeaseLost, transition
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import LeaseLost, transition
 from app.runs.lifecycle.status import RunStatus
 from app.runs.models import Run
 from workers.runtime import Runtime

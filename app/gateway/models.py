@@ -52,17 +52,6 @@ class EpisodeStatus(StrEnum):
 
 _STATUSES = ", ".join(f"'{s.value}'" for s in EpisodeStatus)
 
-# Attached to every move of a run to a terminal status (app/runs/lifecycle/state.py), in its
-# statement: the run's episodes still open end with it, ``dropped``, saying why; a harness
-# holding one gets a 409 at its next call or finish, as before. $1: the run's new status.
-ENDED_WITH_RUN = """
-    UPDATE episodes AS e
-       SET status = 'dropped', token_hash = NULL, ended_at = now(),
-           error = 'The run ended (' || $1 || ') before the episode did.'
-      FROM moved
-     WHERE e.run_id = moved.id AND e.status IN ('pending', 'claimed')
-"""
-
 
 class Episode(SQLModel, table=True):
     __tablename__ = "episodes"

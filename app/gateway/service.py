@@ -21,7 +21,7 @@ from app.core import jsontext
 from app.core.domain import Conflict, NotFound
 from app.gateway import tokens, wire
 from app.gateway.models import EpisodeStatus
-from app.runs.lifecycle.state import Fence
+from app.runs.lifecycle.fence import Fence
 from app.runs.lifecycle.status import TERMINAL, RunStatus
 
 
@@ -380,6 +380,18 @@ async def record_call(
         claims.forget(episode_id, token_hash)
         await why_not(pg, episode_id, token_hash)
         raise EpisodeNotOpen("The episode is not open.")
+
+
+# Attached to every move of a run to a terminal status (app/runs/lifecycle/state.py), in its
+# statement: the run's episodes still open end with it, ``dropped``, saying why; a harness
+# holding one gets a 409 at its next call or finish, as before. $1: the run's new status.
+ENDED_WITH_RUN = """
+    UPDATE episodes AS e
+       SET status = 'dropped', token_hash = NULL, ended_at = now(),
+           error = 'The run ended (' || $1 || ') before the episode did.'
+      FROM moved
+     WHERE e.run_id = moved.id AND e.status IN ('pending', 'claimed')
+"""
 
 
 # -- reading ---------------------------------------------------------------------------------

@@ -14,7 +14,8 @@ from sqlalchemy import delete
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.rollouts.models import GeneratedRollouts
-from app.runs.lifecycle.state import Fence, LeaseLost
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import LeaseLost
 
 _FENCED = "SELECT 1 FROM runs WHERE id = $1 AND lease_owner = $2 AND attempt = $3"
 

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app.observability import prometheus
-from app.runs.lifecycle.state import Fence
+from app.runs.lifecycle.fence import Fence
 from app.runs.lifecycle.status import RunStatus
 from tests.support.database import OwnDatabase, own_database, sessionmaker  # noqa: F401
 from tests.support.llm import Reply, ScriptedLLM, llm, llm_server  # noqa: F401

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.runs.lifecycle import leases
-from app.runs.lifecycle.state import Fence, Hop, Move, compile_move, sources, transition
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import Hop, Move, compile_move, sources, transition
 from app.runs.lifecycle.status import RunStatus as S
 from app.runs.models import Run
 from tests.support.runs import create_run

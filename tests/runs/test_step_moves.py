@@ -14,7 +14,8 @@ import pytest
 
 from app.core.pg import connect_kwargs, init_connection
 from app.runs.lifecycle import step_moves
-from app.runs.lifecycle.state import Fence, LeaseLost, TransitionConflict
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import LeaseLost, TransitionConflict
 from app.runs.lifecycle.status import RunStatus as S
 from tests.support.runs import create_run
 

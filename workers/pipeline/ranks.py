@@ -41,7 +41,8 @@ from typing import Any, Protocol
 
 from app.core.settings import Settings
 from app.runs.lifecycle import leases
-from app.runs.lifecycle.state import Fence, LeaseLost
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import LeaseLost
 from app.runs.spec.grpo import DistributedSettings
 from app.runs.spec.parsed import RunSpec
 from workers.context import SHUTTING_DOWN, AttemptEnded, HandOver, RunContext, StopRequested

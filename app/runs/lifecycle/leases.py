@@ -20,7 +20,8 @@ from sqlmodel import col
 from app.events import service as events
 from app.events.models import RunEvent
 from app.runs.lifecycle.dispatch import mark_due
-from app.runs.lifecycle.state import Fence, LeaseLost, transition
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import LeaseLost, transition
 from app.runs.lifecycle.status import CLAIMABLE, TERMINAL, RunStatus
 from app.runs.models import Run
 

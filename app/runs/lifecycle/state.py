@@ -35,7 +35,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.core.domain import Conflict, NotFound
 from app.core.storable import jsonable
 from app.events.service import insert_events
-from app.gateway.models import ENDED_WITH_RUN
+from app.gateway.service import ENDED_WITH_RUN
+from app.runs.lifecycle.fence import Fence
 from app.runs.lifecycle.status import TERMINAL, WORKING, RunStatus
 from app.runs.models import Run
 
@@ -74,14 +75,6 @@ def can_transition(src: RunStatus, dst: RunStatus) -> bool:
 def sources(dst: RunStatus) -> frozenset[RunStatus]:
     """The statuses the table allows to move to ``dst``."""
     return frozenset(src for src, targets in TRANSITIONS.items() if dst in targets)
-
-
-@dataclass(frozen=True)
-class Fence:
-    """A worker's claim on a run: its writes count only while it still holds the lease."""
-
-    owner: str
-    attempt: int
 
 
 class RunNotFound(NotFound):

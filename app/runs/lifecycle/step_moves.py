@@ -16,7 +16,8 @@ from typing import Any
 import asyncpg
 
 from app.metrics.service import storable_values
-from app.runs.lifecycle.state import Fence, Hop, Move, Rows, apply, json_param
+from app.runs.lifecycle.fence import Fence
+from app.runs.lifecycle.state import Hop, Move, Rows, apply, json_param
 from app.runs.lifecycle.status import RunStatus as S
 
 # The step's rollouts: $1 step, $2 the rows as JSON. A step redone after a crash
