@@ -254,7 +254,12 @@ async def test_a_training_run_moves_on_screen_without_reload(
     assert await page.page.locator("#events [data-type=step]").count() == 24
     assert await page.page.locator("#checkpoints tbody tr").count() >= 1
     assert (await page.page.inner_text("#run-worker")).strip() not in {"", "–"}
-    assert await page.page.inner_text("#live-state") == "ended (completed)"
+    # The head may read `completed` from the run before the stream delivers its last batch
+    # (the terminal status event and `end`): wait for the stream to end on it.
+    await page.until(
+        "() => document.querySelector('#live-state').textContent === 'ended (completed)'",
+        within=30,
+    )
     await page.screenshot("run-page")
 
     # The runs list shows it with its sparkline, found by its filters.
