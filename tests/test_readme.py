@@ -72,7 +72,7 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
         ("grpo",),
         "an agent run (environment) trains in the worker's process",
     ),
-    "asynchronous rollouts for an agent run": (
+    "asynchronous rollouts for an agent run in TRL's tool loop": (
         {
             "environment": {"type": "tools", "tools": ["add"]},
             "grpo": {
@@ -83,7 +83,7 @@ GAPS: dict[str, tuple[dict[str, Any], tuple[str | int, ...], str]] = {
             },
         },
         ("grpo",),
-        "async_rollouts is for single-turn runs for now",
+        "async_rollouts is for single-turn and gateway runs",
     ),
 }
 

@@ -157,7 +157,8 @@ class GatewayHub:
         if waiting is not None and not waiting.done():
             waiting.set_result(reply)
 
-    async def ended(self, run_id: uuid.UUID, episode_id: uuid.UUID) -> None:
-        """Tell the run's worker an episode ended, so it stops waiting for it."""
-        message = {"kind": "ended", "episode_id": str(episode_id)}
+    async def ended(self, run_id: uuid.UUID, episode_id: uuid.UUID, issue: int) -> None:
+        """Tell the run's worker an episode's claim number ``issue`` ended, so it stops
+        waiting for it (and refuses that claim's calls: not a later claim's)."""
+        message = {"kind": "ended", "episode_id": str(episode_id), "issue": issue}
         await self.redis.rpush(wire.inbox(self.prefix, run_id), wire.dumps(message))

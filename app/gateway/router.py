@@ -147,7 +147,7 @@ async def finish_episode(
     """End the episode with its reward (null: none). 409 when its claim was taken back at
     the deadline or it already ended; 404 for an episode the token does not open."""
     request.app.state.claims.forget(episode_id, token)
-    run_id = await service.end(
+    run_id, issue = await service.end(
         request.app.state.pg,
         episode_id,
         token,
@@ -156,7 +156,7 @@ async def finish_episode(
         metrics=body.metrics,
         messages=body.messages,
     )
-    await hub(request).ended(run_id, episode_id)
+    await hub(request).ended(run_id, episode_id, issue)
     prometheus.GATEWAY_EPISODES.labels("finished").inc()
     return EpisodeEnded(id=episode_id, status=EpisodeStatus.finished)
 
@@ -172,10 +172,10 @@ async def fail_episode(
 ) -> EpisodeEnded:
     """End the episode as failed: it has no reward, and is not handed out again."""
     request.app.state.claims.forget(episode_id, token)
-    run_id = await service.end(
+    run_id, issue = await service.end(
         request.app.state.pg, episode_id, token, status=EpisodeStatus.failed, error=body.error
     )
-    await hub(request).ended(run_id, episode_id)
+    await hub(request).ended(run_id, episode_id, issue)
     prometheus.GATEWAY_EPISODES.labels("failed").inc()
     return EpisodeEnded(id=episode_id, status=EpisodeStatus.failed)
 

@@ -72,7 +72,7 @@ _END = """
        SET status = $3, reward = $4, metrics = ($5::text)::jsonb, messages = ($6::text)::jsonb,
            error = $7, token_hash = NULL, ended_at = now()
      WHERE id = $1 AND token_hash = $2 AND status = 'claimed' AND deadline > now()
-    RETURNING run_id
+    RETURNING run_id, issued
 """
 
 # A claim's first call reads it (then :class:`Claims` keeps it): the claim must be the
@@ -116,13 +116,16 @@ _OPEN_RESET = """
        SET status = 'pending', attempt = $4, token_hash = NULL,
            claimed_at = NULL, deadline = NULL, reward = NULL, metrics = '{}'::jsonb,
            messages = NULL, error = NULL, ended_at = NULL
-     WHERE e.run_id = $1 AND e.phase = $2 AND e.step = $3 AND e.attempt <> $4
-       AND NOT (e.status IN ('finished', 'failed', 'dropped') AND $5
+      FROM (SELECT id, status FROM episodes
+             WHERE run_id = $1 AND phase = $2 AND step = $3 AND attempt <> $4) AS was
+     WHERE e.id = was.id
+       AND NOT (e.status IN ('finished', 'failed', 'dropped') AND $5::int <= $6::int
                 AND NOT EXISTS (SELECT 1 FROM episode_calls c
                                  WHERE c.episode_id = e.id AND c.issue = e.issued
-                                   AND c.policy_version <> $6))
+                                   AND c.policy_version NOT BETWEEN $5 AND $6))
        AND EXISTS (SELECT 1 FROM runs r WHERE r.id = $1 AND r.lease_owner = $7
                                           AND r.attempt = $4)
+    RETURNING was.status
 """
 
 _OPEN_INSERT = """
@@ -174,17 +177,20 @@ async def open_step(
     step: int,
     fence: Fence,
     *,
-    reusable: bool,
-    version: int,
+    reuse: tuple[int, int] | None,
     limits: tuple[int, int, float],
     rows: list[dict[str, Any]],
-) -> None:
+) -> int:
     """One ``pending`` episode per rollout of the step (``rows``: slot, group and rollout
     index, input, prompt, context), in one transaction; ``limits``: max_issues, max_calls,
-    timeout_seconds."""
+    timeout_seconds. An episode an earlier attempt left is kept when it ended and every
+    call of its last claim came from a policy version in ``reuse`` (lowest, highest: the
+    versions this attempt's history holds, within an asynchronous run's bound); any other
+    is handed out again. Returns how many ended episodes were handed out again (discarded)."""
+    low, high = reuse if reuse is not None else (1, 0)  # an empty range: none kept
     async with conn.transaction():
-        await conn.execute(
-            _OPEN_RESET, run_id, phase, step, fence.attempt, reusable, version, fence.owner
+        was = await conn.fetch(
+            _OPEN_RESET, run_id, phase, step, fence.attempt, low, high, fence.owner
         )
         await conn.execute(
             _OPEN_INSERT,
@@ -196,6 +202,7 @@ async def open_step(
             jsontext.dumps(rows),
             fence.owner,
         )
+    return sum(1 for row in was if not EpisodeStatus(row["status"]).open)
 
 
 async def expire_claims(
@@ -220,9 +227,10 @@ async def end(
     metrics: dict[str, float] | None = None,
     messages: list[dict[str, Any]] | None = None,
     error: str | None = None,
-) -> uuid.UUID:
-    """End the token's claim of the episode (finished or failed); the run's id."""
-    run_id = await pg.fetchval(
+) -> tuple[uuid.UUID, int]:
+    """End the token's claim of the episode (finished or failed); the run's id and the
+    claim's number (the episode's ``issued``)."""
+    ended = await pg.fetchrow(
         _END,
         episode_id,
         token_hash,
@@ -232,9 +240,9 @@ async def end(
         None if messages is None else jsontext.dumps(messages),
         error,
     )
-    if run_id is None:
+    if ended is None:
         await why_not(pg, episode_id, token_hash)
-    return run_id
+    return ended["run_id"], ended["issued"]
 
 
 async def why_not(pg: asyncpg.Pool, episode_id: uuid.UUID, token_hash: str) -> None:

@@ -60,10 +60,10 @@ async def test_an_async_lora_run_on_servers_is_accepted_with_its_defaults(
         (
             {
                 "grpo": {**SERVER, "async_rollouts": {}},
-                "environment": {"type": "gateway"},
+                "environment": {"type": "tools", "tools": ["add"]},
             },
             "body.grpo",
-            "single-turn runs for now",
+            "a tool, python or MCP environment's episodes",
         ),
         (
             {"grpo": {**SERVER, "async_rollouts": {"max_staleness": 9}}},

@@ -19,7 +19,7 @@ async def test_hundreds_of_calls_handed_over_at_once_wait_for_a_connection(
     hub = GatewayHub(own_database.broker_url, own_database.broker_prefix)
     run_id = uuid.uuid4()
     try:
-        await asyncio.gather(*(hub.ended(run_id, uuid.uuid4()) for _ in range(300)))
+        await asyncio.gather(*(hub.ended(run_id, uuid.uuid4(), 1) for _ in range(300)))
         inbox = wire.inbox(own_database.broker_prefix, run_id)
         assert await hub.redis.llen(inbox) == 300
         assert hub.redis.connection_pool.max_connections == POOL_CONNECTIONS

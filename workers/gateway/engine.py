@@ -19,6 +19,7 @@ of parameters (left-padded on transformers; vLLM batches them itself).
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import logging
 import time
@@ -120,7 +121,9 @@ class Engine:
     #: The longest prompt the engine takes (None: no limit of its own).
     max_prompt_tokens: int | None = None
 
-    def __init__(self, trainer: Any, max_completion_length: int) -> None:
+    def __init__(
+        self, trainer: Any, max_completion_length: int, *, own_tokenizer: bool = False
+    ) -> None:
         self.trainer = trainer
         self.tokenizer = trainer.processing_class
         self.max_completion_length = max_completion_length
@@ -153,6 +156,10 @@ class Engine:
                 add_response_schema(self.tokenizer)
             except ValueError:  # a template TRL cannot parse tool calls of: text answers only
                 log.info("the chat template has no response schema: answers are text only")
+        if own_tokenizer:
+            # Calls answered in another thread than the trainer's (an asynchronous run's
+            # producer): a fast tokenizer is not for two threads at once.
+            self.tokenizer = copy.deepcopy(self.tokenizer)
 
     def prepare(self, trainer: Any) -> None:
         """Before a batch TRL hands the rollout function is served: the engine made to
@@ -423,8 +430,15 @@ class ServerEngine(Engine):
     The log-probabilities are what the servers return: TRL's definition (after temperature)
     when they run with ``--logprobs-mode processed_logprobs``."""
 
-    def __init__(self, trainer: Any, max_completion_length: int, servers: LoraServers) -> None:
-        super().__init__(trainer, max_completion_length)
+    def __init__(
+        self,
+        trainer: Any,
+        max_completion_length: int,
+        servers: LoraServers,
+        *,
+        own_tokenizer: bool = False,
+    ) -> None:
+        super().__init__(trainer, max_completion_length, own_tokenizer=own_tokenizer)
         self.servers = servers
         self.adapter: str | None = None
         self.sent = 0  # requests sent, so that consecutive batches start on another server
@@ -432,6 +446,12 @@ class ServerEngine(Engine):
 
     def prepare(self, trainer: Any) -> None:
         self.adapter = self.servers.sync(trainer)
+
+    def use(self, version: int) -> None:
+        """Answer with the adapter of policy ``version`` (saved by the trainer): an
+        asynchronous run's producer, which does not touch the trainer."""
+        self.adapter = self.servers.name(version)
+        self.servers.load(self.adapter)
 
     def _sample(
         self, prompts: list[list[int]], key: tuple[Any, ...], seeds: list[int | None]
@@ -463,12 +483,17 @@ class ServerEngine(Engine):
 
 
 def engine_for(
-    trainer: Any, max_completion_length: int, servers: LoraServers | None = None
+    trainer: Any,
+    max_completion_length: int,
+    servers: LoraServers | None = None,
+    *,
+    own_tokenizer: bool = False,
 ) -> Engine:
     """The run's engine: its vLLM servers when it trains a LoRA adapter on them (``servers``),
-    vLLM when TRL runs one for the trainer, else transformers."""
+    vLLM when TRL runs one for the trainer, else transformers. ``own_tokenizer``: a copy of
+    the trainer's, for calls answered outside the trainer's thread (servers only)."""
     if servers is not None:
-        return ServerEngine(trainer, max_completion_length, servers)
+        return ServerEngine(trainer, max_completion_length, servers, own_tokenizer=own_tokenizer)
     if getattr(trainer, "use_vllm", False):
         return VLLMEngine(trainer, max_completion_length)
     return TransformersEngine(trainer, max_completion_length)

@@ -122,9 +122,10 @@ class Pusher:
         parsed = tokens.parse(token)
         assert parsed is not None
 
-        async def end() -> None:
+        async def end() -> int:
             async with self.ctx.runtime.pg() as conn:
-                await service.end(conn, row["id"], parsed[1], status=status, **outcome)  # type: ignore[arg-type]
+                _, issue = await service.end(conn, row["id"], parsed[1], status=status, **outcome)  # type: ignore[arg-type]
+            return issue
 
-        self.ctx.runtime.run(end())
-        self.wake(wire.dumps({"kind": "ended", "episode_id": str(row["id"])}))
+        issue = self.ctx.runtime.run(end())
+        self.wake(wire.dumps({"kind": "ended", "episode_id": str(row["id"]), "issue": issue}))

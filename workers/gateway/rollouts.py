@@ -23,7 +23,9 @@ For each batch TRL asks for (a training step, or an evaluation):
 from __future__ import annotations
 
 import logging
+import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -43,12 +45,14 @@ from workers.gateway.engine import (
     BadCall,
     Call,
     Engine,
+    ServerEngine,
     call_seed,
     engine_for,
     template_messages,
 )
 from workers.gateway.push import Pusher
 from workers.ml.vllm_server import LoraServers
+from workers.pipeline.plan import InputBatch, dataset_rows
 
 log = logging.getLogger(__name__)
 
@@ -83,6 +87,22 @@ _ENDED = """
 """
 
 
+class _Closed(Exception):
+    """The rollout function was closed while it served (the attempt ends)."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """A batch served: TRL's rollouts, the policy versions of each episode's calls (those
+    with calls), how many ended episodes of an earlier attempt were handed out again, and
+    how long it took."""
+
+    out: dict[str, list[Any]]
+    versions: list[list[int]]
+    discarded: int
+    seconds: float
+
+
 class HarnessOutcome:
     """What the ``environment`` reward function reads for a gateway rollout: the reward the
     harness gave (None: the rollout has none, and is dropped)."""
@@ -105,6 +125,7 @@ class GatewayRollouts:
         spec: RunSpec,
         resumed_at: int | None,
         servers: LoraServers | None = None,
+        plan: list[InputBatch] | None = None,
     ) -> None:
         assert isinstance(spec.environment, GatewayEnvironment)
         self.ctx = ctx
@@ -135,14 +156,33 @@ class GatewayRollouts:
         # max_calls; the API records each under its number).
         self.history: dict[tuple[str, int], tuple[list[dict[str, Any]], list[int], Any]] = {}
         self.seqs: dict[tuple[str, int], int] = {}
-        # The batch's episodes an API process said ended: their calls are refused at once
-        # (an API process that kept the claim would otherwise have one generated for nothing).
-        self.ended: set[str] = set()
+        # The batch's claims (episode, issue) an API process said ended: their calls are
+        # refused at once (an API process that kept the claim would otherwise have one
+        # generated for nothing). A claim's, not the episode's: an end of an earlier
+        # attempt's claim may arrive after the episode was handed out again.
+        self.ended: set[tuple[str, int]] = set()
         # When the last batch's answers went out (time.time()): a call handed over before
         # then waited for this worker.
         self.busy_until = 0.0
+        # One batch is served at a time: an asynchronous run's producer serves the steps
+        # ahead, and an evaluation waits for the step it is serving to end.
+        self.serving = threading.Lock()
+        ahead = spec.grpo.async_rollouts
+        self.bound = ahead.max_staleness if ahead is not None else None
+        self.plan = plan or []
+        self.changed = threading.Condition()  # guards what follows
+        self.ready: dict[int, Served] = {}
+        self.saved = -1  # the newest adapter version the trainer saved
+        self.failure: BaseException | None = None
+        self.stopping = False
+        self.producer: threading.Thread | None = None
 
     def close(self) -> None:
+        with self.changed:
+            self.stopping = True
+            self.changed.notify_all()
+        if self.producer is not None:
+            self.producer.join(timeout=10)  # its serving loop looks at `stopping` every second
         if self.pusher is not None:
             self.pusher.close()
         if self.servers is not None:
@@ -152,15 +192,37 @@ class GatewayRollouts:
     # -- TRL's hook ------------------------------------------------------------------------
     def __call__(self, prompts: list[Any], trainer: Any) -> dict[str, list[Any]]:
         if self.engine is None:
-            self.engine = engine_for(trainer, self.spec.grpo.max_completion_length, self.servers)
-        self.engine.prepare(trainer)
-        rows = trainer.gateway_inputs
+            self.engine = engine_for(
+                trainer,
+                self.spec.grpo.max_completion_length,
+                self.servers,
+                own_tokenizer=self.bound is not None,
+            )
         phase = "train" if trainer.model.training else "eval"
         version = int(trainer.state.global_step)
+        if phase == "train" and self.bound is not None:
+            return self._take(prompts, trainer, version + 1)
         step = version + 1 if phase == "train" else version
+        with self.serving:
+            self.engine.prepare(trainer)
+            reuse = (version, version) if version == self.resumed_at else None
+            return self._batch(phase, step, version, prompts, trainer.gateway_inputs, reuse).out
+
+    def _batch(
+        self,
+        phase: str,
+        step: int,
+        version: int,
+        prompts: list[Any],
+        rows: list[dict[str, Any]],
+        reuse: tuple[int, int] | None,
+    ) -> Served:
+        """Open the batch's episodes, serve their calls until each has ended, and make TRL's
+        rollouts of them (with the serving lock held)."""
+        assert self.engine is not None
         started = time.monotonic()
         generations = self.engine.generations
-        self._open(phase, step, version, prompts, rows)
+        discarded = self._open(phase, step, prompts, rows, reuse)
         if self.pusher is None:
             self.redis.publish(self.available, b"1")  # pull: the harnesses' claims wake
         served = self._serve(phase, step, version)
@@ -169,6 +231,7 @@ class GatewayRollouts:
         out = self._samples(episodes, prompts)
         for view in out["gateway"]:
             view["serving"] = {"calls": served, "generations": generations}
+        seconds = time.monotonic() - started
         log.info(
             "run %s: %s step %d: %d episodes ended, %d calls answered in %d generations, %.2f s",
             self.spec.id,
@@ -177,17 +240,112 @@ class GatewayRollouts:
             len(episodes),
             served,
             generations,
-            time.monotonic() - started,
+            seconds,
         )
         self.history.clear()
         self.seqs.clear()
         self.ended.clear()
-        return out
+        versions = [list(row["versions"]) for row in episodes]
+        return Served(out, [vs for vs in versions if vs], discarded, seconds)
+
+    # -- an asynchronous run: the steps ahead --------------------------------------------------
+    def _take(self, prompts: list[Any], trainer: Any, step: int) -> dict[str, list[Any]]:
+        """A training step's rollouts on an asynchronous run: the adapter of the step before
+        saved (the newest version, which admits the next steps), then the step's episodes
+        as the producer served them."""
+        assert self.servers is not None and self.bound is not None
+        if prompts != self._prompts(step):
+            raise RuntimeError(f"step {step}: TRL's prompts are not the plan's (sampler order)")
+        if self.producer is None:
+            self.producer = threading.Thread(
+                target=self._produce, args=(step,), name="gateway-ahead", daemon=True
+            )
+            self.producer.start()
+        self.servers.save(trainer)  # the adapter of step - 1
+        began = time.monotonic()
+        with self.changed:
+            self.saved = step - 1
+            self.changed.notify_all()
+            while step not in self.ready and self.failure is None:
+                self.changed.wait(0.25)
+                self.ctx.check(pause_ok=False)  # a cancel does not wait for the harnesses
+            if step not in self.ready:
+                assert self.failure is not None
+                raise self.failure
+            got = self.ready.pop(step)
+        waited = time.monotonic() - began
+        oldest = min((min(vs) for vs in got.versions), default=step - 1)
+        newest = max((max(vs) for vs in got.versions), default=step - 1)
+        if not (step - 1 - self.bound <= oldest and newest <= step - 1):
+            raise RuntimeError(f"step {step}: calls of policy versions {oldest}-{newest}")
+        for name, value in {
+            "async/staleness": step - 1 - oldest,
+            "async/generation_seconds": got.seconds,
+            "async/wait_seconds": waited,
+            "async/discarded": got.discarded,
+        }.items():
+            trainer._log_metric(name, float(value))
+        return got.out
+
+    def _items(self, step: int) -> list[Any]:
+        group = self.spec.rollouts_per_group
+        return [item for item in self.plan[step - 1].items for _ in range(group)]
+
+    def _prompts(self, step: int) -> list[Any]:
+        return [row["prompt"] for row in dataset_rows(self.spec.system_prompt, self._items(step))]
+
+    def _produce(self, step: int) -> None:
+        """The producer thread: step after step, admitted once the trainer saved the adapter
+        of ``step - 1 - max_staleness`` or later, served with the newest saved one."""
+        assert self.bound is not None
+        try:
+            while step <= len(self.plan):
+                with self.changed:
+                    while not self.stopping and self.saved < max(step - 1 - self.bound, 0):
+                        self.changed.wait()
+                    if self.stopping:
+                        return
+                    version = self.saved
+                served = self._produce_step(step, version)
+                with self.changed:
+                    self.ready[step] = served
+                    self.changed.notify_all()
+                step += 1
+        except _Closed:
+            return
+        except BaseException as exc:  # the trainer raises it at its next step
+            with self.changed:
+                if not self.stopping:
+                    self.failure = exc
+                self.changed.notify_all()
+
+    def _produce_step(self, step: int, version: int) -> Served:
+        assert self.bound is not None and self.servers is not None
+        assert isinstance(self.engine, ServerEngine)
+        with self.serving:
+            loaded = self.servers.loaded
+            if loaded is not None:  # an evaluation may have loaded a newer one
+                version = max(version, self.servers.version(loaded))
+            self.engine.use(version)
+            rows = dataset_rows(self.spec.system_prompt, self._items(step))
+            # An earlier attempt's ended episodes of this step are kept when their calls
+            # came from versions this attempt's history holds (its checkpoint's or older),
+            # within the bound.
+            low = max(step - 1 - self.bound, 0)
+            reuse = (low, self.resumed_at) if self.resumed_at is not None else None
+            return self._batch("train", step, version, [r["prompt"] for r in rows], rows, reuse)
 
     # -- 1. open -------------------------------------------------------------------------------
     def _open(
-        self, phase: str, step: int, version: int, prompts: list[Any], rows: list[dict[str, Any]]
-    ) -> None:
+        self,
+        phase: str,
+        step: int,
+        prompts: list[Any],
+        rows: list[dict[str, Any]],
+        reuse: tuple[int, int] | None,
+    ) -> int:
+        """The batch's episodes opened; how many ended ones an earlier attempt left were
+        handed out again (not reusable)."""
         g = self.spec.rollouts_per_group
         payload = [
             {
@@ -202,23 +360,21 @@ class GatewayRollouts:
         ]
         fence = self.ctx.fence
         env = self.env
-        reusable = self.resumed_at is not None and version == self.resumed_at
 
-        async def open_rows() -> None:
+        async def open_rows() -> int:
             async with self.ctx.runtime.pg() as conn:
-                await episodes.open_step(
+                return await episodes.open_step(
                     conn,
                     self.spec.id,
                     phase,
                     step,
                     fence,
-                    reusable=reusable,
-                    version=version,
+                    reuse=reuse,
                     limits=(env.max_issues, env.max_calls, env.episode_timeout_seconds),
                     rows=payload,
                 )
 
-        self.ctx.runtime.run(open_rows())
+        return self.ctx.runtime.run(open_rows())
 
     # -- 2. serve ------------------------------------------------------------------------------
     def _serve(self, phase: str, step: int, version: int) -> int:
@@ -228,6 +384,8 @@ class GatewayRollouts:
         wait = 0.0
         while True:
             self.ctx.check(pause_ok=False)
+            if self.stopping:  # closed: the attempt ends
+                raise _Closed
             if refresh:
                 still_open, pending, next_deadline, reissued = self.ctx.runtime.run(
                     self._state(phase, step)
@@ -256,7 +414,7 @@ class GatewayRollouts:
                     calls.append(message)
                 elif message.get("kind") == "ended":
                     ended = True
-                    self.ended.add(str(message.get("episode_id")))
+                    self.ended.add((str(message.get("episode_id")), message.get("issue", -1)))
             if calls:
                 answered += self._answer(calls, phase, step, version, popped_at)
             refresh = ended or not popped or time.monotonic() - checked > 0.5
@@ -345,12 +503,12 @@ class GatewayRollouts:
         step), has ended, or the claim has made its ``max_calls``."""
         if (ask.get("phase"), ask.get("step")) != (phase, step):
             return 409, "The episode's step is over."
-        if str(ask.get("episode_id")) in self.ended:
-            return 409, "The episode has ended."
         try:
             claim = (str(ask["episode_id"]), int(ask["issue"]))
         except (KeyError, TypeError, ValueError):
             return 400, "A call without its claim."
+        if claim in self.ended:
+            return 409, "The episode has ended."
         made = self.seqs.get(claim, 0)
         if made >= self.env.max_calls:
             return 409, f"The episode has made its {self.env.max_calls} calls (max_calls)."

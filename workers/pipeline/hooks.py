@@ -232,3 +232,10 @@ class ServerTrainer(GRPOTrainer):  # type: ignore[misc]
             self.vllm_mode = "server"
             self.vllm_generation = _AdaptersLoadedByRollouts()
             self._last_loaded_step = -1
+
+
+class GatewayServerTrainer(GatewayTrainer, ServerTrainer):
+    """A gateway run's trainer on an asynchronous run (workers/gateway/rollouts.py serves the
+    steps ahead): GatewayTrainer's rows, with TRL's importance-sampling correction of
+    ServerTrainer over the episodes' recorded log-probabilities (the harness's turns masked
+    out of it by the rollouts' ``env_mask``, as out of the loss)."""

@@ -9,6 +9,7 @@ so a resumed run continues at exactly the input it would have reached.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -35,6 +36,19 @@ def prompt_messages(system_prompt: str | None, input_text: str) -> list[dict[str
     """The chat an input is asked as: the run's system prompt, then the input."""
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     return [*messages, {"role": "user", "content": input_text}]
+
+
+def dataset_rows(system_prompt: str | None, items: list[PlannedInput]) -> list[dict[str, Any]]:
+    """The rows of TRL's dataset for ``items``: the chat each is asked as, its id, its
+    context (JSON text)."""
+    return [
+        {
+            "prompt": prompt_messages(system_prompt, item.input_text),
+            "input_id": item.id,
+            "context": json.dumps(item.context),
+        }
+        for item in items
+    ]
 
 
 def steps_per_epoch(n_train: int, groups_per_step: int) -> int:

@@ -18,7 +18,6 @@ the run's lease. Step numbers start at 1 (the checkpoint after step N is checkpo
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -34,7 +33,7 @@ from workers.context import RunContext
 from workers.environments import LoadedEnvironment
 from workers.pipeline.disk import raise_if_disk_full
 from workers.pipeline.paths import RunPaths
-from workers.pipeline.plan import InputBatch, PlannedInput, prompt_messages
+from workers.pipeline.plan import InputBatch, PlannedInput, dataset_rows
 from workers.pipeline.steps import StepBridge
 from workers.pipeline.world import Ranks
 from workers.rewards import Scorer
@@ -98,17 +97,6 @@ def check_model(model_name: str, *, tools: bool = False, sft: bool = False) -> N
             ) from exc
 
 
-def _rows(spec: RunSpec, items: list[PlannedInput]) -> list[dict[str, Any]]:
-    return [
-        {
-            "prompt": prompt_messages(spec.system_prompt, item.input_text),
-            "input_id": item.id,
-            "context": json.dumps(item.context),
-        }
-        for item in items
-    ]
-
-
 def grpo_config(
     spec: RunSpec, paths: RunPaths, n_steps: int, *, evaluate: bool, max_turns: int | None = None
 ) -> Any:
@@ -158,9 +146,12 @@ def train(
     ranks = Ranks()
     if ranks.world == 1:  # the ranks' worker cleared it before it launched them
         shutil.rmtree(paths.staging, ignore_errors=True)  # half-written checkpoints of a crash
-    dataset = Dataset.from_list(_rows(spec, [item for batch in plan for item in batch.items]))
+    items = [item for batch in plan for item in batch.items]
+    dataset = Dataset.from_list(dataset_rows(spec.system_prompt, items))
     evaluate = bool(validation)
-    eval_dataset = Dataset.from_list(_rows(spec, validation)) if evaluate else None
+    eval_dataset = (
+        Dataset.from_list(dataset_rows(spec.system_prompt, validation)) if evaluate else None
+    )
     peft_config = None
     if grpo.lora is not None:
         from peft import LoraConfig
@@ -190,9 +181,13 @@ def train(
         if grpo.engine == "vllm-server" and grpo.lora is not None:
             batch = grpo.groups_per_step * spec.rollouts_per_group
             servers = LoraServers(str(spec.id), grpo, paths.root / "adapters", ranks, batch)
-        rollouts = GatewayRollouts(ctx, spec, _checkpoint_step(resume_from), servers)
+        rollouts = GatewayRollouts(ctx, spec, _checkpoint_step(resume_from), servers, plan)
         agent["rollout_func"] = rollouts
         trainer_class = GatewayTrainer
+        if grpo.async_rollouts is not None:  # LoRA on vLLM servers, checked at create
+            from workers.pipeline.hooks import GatewayServerTrainer
+
+            trainer_class = GatewayServerTrainer
     elif grpo.async_rollouts is not None:  # LoRA on vLLM servers, checked at create
         from workers.pipeline.ahead import RolloutsAhead
         from workers.pipeline.hooks import ServerTrainer

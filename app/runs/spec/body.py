@@ -184,11 +184,14 @@ class RunCreate(RequestModel):
     @classmethod
     def _ranks(cls, value: GrpoSettings, info: ValidationInfo) -> GrpoSettings:
         # A field validator, so the problem names body.grpo (environment comes first).
-        if value.async_rollouts is not None and info.data.get("environment") is not None:
+        environment = info.data.get("environment")
+        if value.async_rollouts is not None and not (
+            environment is None or isinstance(environment, GatewayEnvironment)
+        ):
             raise inconsistent(
-                "async_rollouts is for single-turn runs for now: an agent run's episodes are "
-                "played by TRL's tool loop or a harness, step by step; unset environment or "
-                "async_rollouts"
+                "async_rollouts is for single-turn and gateway runs: a tool, python or MCP "
+                "environment's episodes are played by TRL's tool loop in the training process, "
+                "step by step; unset environment or async_rollouts"
             )
         ranks = value.distributed.num_processes
         if not value.distributed.in_ranks:

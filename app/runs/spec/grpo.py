@@ -402,8 +402,8 @@ class GrpoSettings(RequestModel):
         default=None,
         description="Generate the next steps' rollouts while the current step trains, at most "
         "max_staleness adapter versions behind (docs/async.md). For LoRA runs on vLLM servers "
-        "(engine 'vllm-server' with lora), single-turn, in one process; unset: each step "
-        "generates, then trains.",
+        "(engine 'vllm-server' with lora), single-turn or gateway, in one process; unset: "
+        "each step generates, then trains.",
     )
 
     @field_validator("vllm_server_url", mode="before")
