@@ -172,3 +172,60 @@ async def test_a_worker_killed_mid_run_keeps_the_episodes_its_harnesses_ended_ah
         for r in after.values()
         if r["step"] >= 8
     ]
+
+
+async def test_pause_keeps_the_episodes_played_ahead_and_cancel_ends_the_rest(
+    client, tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server, vllm_server
+) -> None:
+    worker = start_worker(**worker_home)
+    body = _async_gateway_run(
+        tiny_model, vllm_server["base_url"], async_rollouts={"max_staleness": 2}
+    )
+    body["max_steps"] = 40
+    conn = await _connect(sessionmaker)
+    async with trainyard.Client(api_server.url, tenant.key) as ty:
+        run = await ty.create_run(body)
+        rid = uuid.UUID(run.id)
+        harness = asyncio.create_task(run.play(two_turns, concurrency=16))
+        try:
+            await wait_for(sessionmaker, run.id, lambda r: r.step >= 3, within=300)
+            paused_at = await client.post(f"/runs/{run.id}/pause", headers=tenant.headers)
+            assert paused_at.is_success, paused_at.text
+            paused = await wait_for(sessionmaker, run.id, lambda r: r.status == "paused")
+            before = {r["id"]: r for r in await conn.fetch(_CALLS, rid)}
+            ahead = [r for r in before.values() if r["step"] > paused.step and r["ended_at"]]
+            # Played ahead of the paused step, within the bound, by adapters it holds.
+            assert ahead and min(r["step"] for r in ahead) == paused.step + 1, paused.step
+            assert all(max(r["versions"] or [0]) <= paused.step for r in ahead)
+            resumed = await client.post(f"/runs/{run.id}/resume", headers=tenant.headers)
+            assert resumed.is_success, resumed.text
+            last = max(r["step"] for r in ahead)
+            await wait_for(sessionmaker, run.id, lambda r: r.step >= last + 1, within=300)
+            cancelled = await client.post(f"/runs/{run.id}/cancel", headers=tenant.headers)
+            assert cancelled.is_success, cancelled.text
+            # At the trainer's next check: neither it nor the producer waits for the
+            # harnesses' episodes in play.
+            await wait_for(sessionmaker, run.id, lambda r: r.status == "cancelled", within=60)
+            await asyncio.wait_for(harness, 120)
+            after = {r["id"]: r for r in await conn.fetch(_CALLS, rid)}
+            still_open = await conn.fetchval(
+                "SELECT count(*) FROM episodes WHERE run_id = $1"
+                " AND status IN ('pending', 'claimed')",
+                rid,
+            )
+        finally:
+            harness.cancel()
+            await conn.close()
+    # The resumed attempt kept every episode ended ahead as it ended; the run's open ones
+    # ended with it.
+    for row in ahead:
+        now = after[row["id"]]
+        assert (now["status"], now["issued"], now["attempt"], now["ended_at"]) == (
+            row["status"],
+            row["issued"],
+            row["attempt"],
+            row["ended_at"],
+        ), row["step"]
+    assert still_open == 0
+    assert sum(v for _, v in await series(sessionmaker, run.id, "async/discarded")) == 0
+    assert "Traceback" not in worker.output()
