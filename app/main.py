@@ -38,6 +38,7 @@ from app.health import router as health_router
 from app.inputs.router import router as inputs_router
 from app.metrics.router import router as metrics_router
 from app.observability import prometheus
+from app.runs.lifecycle.dispatch import DueBell
 from app.runs.router import router as runs_router
 from app.trajectories.router import router as trajectories_router
 from app.ui.router import router as ui_router
@@ -87,6 +88,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             gather_seconds=settings.sse_gather_seconds,
         )
         app.state.event_hub.start()
+        app.state.due_bell = DueBell(app.state.pg)
+        app.state.due_bell.start()
         broker = redis_url(settings)
         app.state.redis = broker_client(broker)  # for /readyz
         app.state.gateway = GatewayHub(broker, settings.broker_prefix)
@@ -125,6 +128,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                 await app.state.rate_limiter.aclose()
             await app.state.redis.aclose()
             await app.state.gateway.aclose()
+            await app.state.due_bell.aclose()
             await app.state.pg.close()
             await engine.dispose()
 

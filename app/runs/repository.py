@@ -1,9 +1,10 @@
 """Hand-written SQL for the two hottest run statements, on a plain asyncpg connection.
 
-Creating a run is one statement: the run, its inline inputs, its first event and the
-``pg_notify`` that wakes the reconciler, all atomic and all delivered only on commit. A run
-that names a dataset has a sibling statement of the same shape that copies the dataset's
-rows (``INSERT … SELECT``) instead of unpacking inline inputs.
+Creating a run is one statement: the run, its inline inputs and its first event, all
+atomic; the caller wakes the reconciler once it committed (``DueBell`` in
+app/runs/lifecycle/dispatch.py: a NOTIFY in the statement would make creates commit one at
+a time). A run that names a dataset has a sibling statement of the same shape that copies
+the dataset's rows (``INSERT … SELECT``) instead of unpacking inline inputs.
 
 With a cap on a project's active runs, the create runs in a transaction that first takes the
 project's advisory lock and then counts its active runs: creates in one project queue on the
@@ -21,7 +22,6 @@ import asyncpg
 from app.core.domain import Conflict, InvalidInput, LimitReached, NotFound
 from app.core.errors import UNKNOWN_REFERENCE
 from app.events.service import insert_events
-from app.runs.lifecycle.dispatch import DUE_CHANNEL
 from app.runs.lifecycle.status import TERMINAL, RunStatus
 from app.runs.schemas import RunPublic
 from app.runs.spec.body import RunCreate
@@ -130,7 +130,7 @@ WITH run AS (
 ), event AS (
     {_CREATED_EVENT}
 )
-SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
+SELECT * FROM run
 """
 
 # The dataset is looked up in the statement itself: another project's dataset, or an unknown
@@ -149,7 +149,7 @@ WITH ds AS (
 ), event AS (
     {_CREATED_FROM_DATASET_EVENT}
 )
-SELECT run.*, pg_notify('{DUE_CHANNEL}', $1::text) AS notified FROM run
+SELECT * FROM run
 """
 
 _DATASET_TRAIN_ROWS = "SELECT num_train_rows FROM datasets WHERE id = $1 AND project_id = $2"
@@ -321,9 +321,7 @@ async def _insert_run(
         {"inline_inputs": len(inputs)},
     )
     assert row is not None
-    run = dict(row)
-    del run["notified"]
-    return run
+    return dict(row)
 
 
 async def _insert_run_from_dataset(
@@ -341,9 +339,7 @@ async def _insert_run_from_dataset(
         if train_rows is None:
             raise UnusableDataset(f"Dataset {dataset_id} not found.", unknown=True)
         raise UnusableDataset(f"Dataset {dataset_id} has no train rows to train on.")
-    run = dict(row)
-    del run["notified"]
-    return run
+    return dict(row)
 
 
 async def fetch_run(

@@ -79,6 +79,7 @@ async def create_run(
             body,
             policy=request.app.state.policy,
             max_active=app_settings(request).max_active_runs_per_project,
+            due=request.app.state.due_bell.ring,
             idempotency_key=idempotency_key,
         )
     if isinstance(created, RunPublic):

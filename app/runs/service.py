@@ -11,6 +11,7 @@ worker moving the run: a live run can always be cancelled or paused.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -96,6 +97,7 @@ async def create_run(
     *,
     policy: CodePolicy,
     max_active: int,
+    due: Callable[[], None],
     idempotency_key: str | None = None,
 ) -> RunPublic | idempotency.Replay:
     """Create the run (queued once committed), or replay the first answer given to the
@@ -103,10 +105,12 @@ async def create_run(
     already answered replays that answer (even at the active-run cap), and a concurrent
     duplicate waits on the key until the first request ends, then replays it. A run that
     names what the code ``policy`` does not allow is refused before anything is written.
+    ``due`` wakes the reconciler, called once a new run committed.
     """
     check_policy(policy, body)
     if idempotency_key is None:
         row = await repository.insert_run(conn, project_id, body, max_active=max_active)
+        due()
         return RunPublic.model_validate(row)
     fingerprint = idempotency.request_fingerprint(body.model_dump(mode="json"))
     earlier = await idempotency.replay(conn, project_id, idempotency_key, fingerprint)
@@ -134,6 +138,7 @@ async def create_run(
         raise
     if stored:
         await transaction.commit()
+        due()
         return run
     # Another request with this key committed first: this run never existed.
     await transaction.rollback()
