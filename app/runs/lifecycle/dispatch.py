@@ -7,9 +7,9 @@ workers' reconciler listens, publishes the Celery task and stamps ``dispatched_a
 that order, in one transaction: app/runs/lifecycle/reconcile.py). A lost notification
 costs latency, never the run: the reconciler also sweeps on a timer.
 
-A run's creation is the exception: PostgreSQL holds one lock per database from a NOTIFYing
-transaction's pre-commit to the end of its commit (its WAL flush included), so every create
-NOTIFYing would commit one at a time. A create commits without it and rings the API
+A run's creation is the exception: PostgreSQL holds one lock for the whole server from a
+NOTIFYing transaction's pre-commit to the end of its commit (its WAL flush included), so
+creates that NOTIFY commit one at a time. A create commits without it and rings the API
 process's :class:`DueBell` instead, which sends the NOTIFY after the commit, at most one
 in flight per process: creates made while one is in flight share the next (the reconciler
 sweeps every due run whichever woke it).
