@@ -52,6 +52,7 @@ from workers.gateway.engine import (
 )
 from workers.gateway.push import Pusher
 from workers.ml.vllm_server import LoraServers
+from workers.pipeline.admission import Admission
 from workers.pipeline.plan import InputBatch, dataset_rows
 
 log = logging.getLogger(__name__)
@@ -170,17 +171,13 @@ class GatewayRollouts:
         ahead = spec.grpo.async_rollouts
         self.bound = ahead.max_staleness if ahead is not None else None
         self.plan = plan or []
-        self.changed = threading.Condition()  # guards what follows
-        self.ready: dict[int, Served] = {}
-        self.saved = -1  # the newest adapter version the trainer saved
-        self.failure: BaseException | None = None
-        self.stopping = False
+        self.admission: Admission[Served] = Admission(self.bound or 0)
+        self.stopping = False  # closed: the batch served ends
         self.producer: threading.Thread | None = None
 
     def close(self) -> None:
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
+        self.stopping = True
+        self.admission.close()
         if self.producer is not None:
             self.producer.join(timeout=10)  # its serving loop looks at `stopping` every second
         if self.pusher is not None:
@@ -263,16 +260,8 @@ class GatewayRollouts:
             self.producer.start()
         self.servers.save(trainer)  # the adapter of step - 1
         began = time.monotonic()
-        with self.changed:
-            self.saved = step - 1
-            self.changed.notify_all()
-            while step not in self.ready and self.failure is None:
-                self.changed.wait(0.25)
-                self.ctx.check(pause_ok=False)  # a cancel does not wait for the harnesses
-            if step not in self.ready:
-                assert self.failure is not None
-                raise self.failure
-            got = self.ready.pop(step)
+        # A cancel does not wait for the harnesses.
+        got = self.admission.take(step, lambda: self.ctx.check(pause_ok=False))
         waited = time.monotonic() - began
         oldest = min((min(vs) for vs in got.versions), default=step - 1)
         newest = max((max(vs) for vs in got.versions), default=step - 1)
@@ -297,27 +286,17 @@ class GatewayRollouts:
     def _produce(self, step: int) -> None:
         """The producer thread: step after step, admitted once the trainer saved the adapter
         of ``step - 1 - max_staleness`` or later, served with the newest saved one."""
-        assert self.bound is not None
         try:
             while step <= len(self.plan):
-                with self.changed:
-                    while not self.stopping and self.saved < max(step - 1 - self.bound, 0):
-                        self.changed.wait()
-                    if self.stopping:
-                        return
-                    version = self.saved
-                served = self._produce_step(step, version)
-                with self.changed:
-                    self.ready[step] = served
-                    self.changed.notify_all()
+                version = self.admission.admit(step)
+                if version is None:
+                    return
+                self.admission.put(step, self._produce_step(step, version))
                 step += 1
         except _Closed:
             return
         except BaseException as exc:  # the trainer raises it at its next step
-            with self.changed:
-                if not self.stopping:
-                    self.failure = exc
-                self.changed.notify_all()
+            self.admission.fail(exc)
 
     def _produce_step(self, step: int, version: int) -> Served:
         assert self.bound is not None and self.servers is not None

@@ -45,6 +45,7 @@ from app.runs.lifecycle.state import json_param
 from app.runs.spec.parsed import RunSpec
 from workers.context import RunContext
 from workers.ml.vllm_server import ServerRollouts
+from workers.pipeline.admission import Admission
 from workers.pipeline.plan import InputBatch, prompt_messages
 from workers.pipeline.steps import Batch, StepBridge, build_groups
 
@@ -84,11 +85,8 @@ class RolloutsAhead:
         self.prompt = lambda text: prompt_messages(spec.system_prompt, text)
         self.sync = ServerRollouts(str(spec.id), spec.grpo, adapters, ranks)
         self.servers = self.sync.servers
-        self.changed = threading.Condition()  # guards what follows
-        self.ready: dict[int, Ahead] = {}
-        self.saved = -1  # the newest adapter version the trainer saved
-        self.failure: BaseException | None = None
-        self.stopping = False
+        self.admission: Admission[Ahead] = Admission(self.bound)
+        self.stored: set[int] = set()  # steps whose rollouts an earlier attempt stored
         self.discarded = 0  # rollouts discarded, not yet reported in a step's metrics
         self.generating = threading.Lock()  # the producer's step, or an evaluation
         self.prompt_ids: dict[str, list[int]] = {}  # by input id
@@ -97,9 +95,7 @@ class RolloutsAhead:
         self.thread: threading.Thread | None = None
 
     def close(self) -> None:
-        with self.changed:
-            self.stopping = True
-            self.changed.notify_all()
+        self.admission.close()
         self.sync.close()  # cancels what the producer waits for
 
     # -- TRL's hook ------------------------------------------------------------------------
@@ -114,17 +110,9 @@ class RolloutsAhead:
             self._start(trainer, step)
         self.servers.save(trainer)  # the adapter of step - 1: the newest version
         began = time.monotonic()
-        with self.changed:
-            self.saved = step - 1
-            self.changed.notify_all()
-            while step not in self.ready and self.failure is None:
-                self.changed.wait(0.25)
-                self.ctx.check(pause_ok=False)  # a cancel does not wait for the servers
-            if step not in self.ready:
-                assert self.failure is not None
-                raise self.failure
-            got = self.ready.pop(step)
-            discarded, self.discarded = self.discarded, 0
+        # A cancel does not wait for the servers.
+        got = self.admission.take(step, lambda: self.ctx.check(pause_ok=False))
+        discarded, self.discarded = self.discarded, 0
         waited = time.monotonic() - began
         staleness = step - 1 - got.version
         assert 0 <= staleness <= self.bound, (step, got.version)
@@ -196,7 +184,8 @@ class RolloutsAhead:
             ids = [i for i, _, why in discard if why == reason]
             self.ctx.runtime.run(self._discard(ids, reason))
         self.discarded = sum(n for _, n, _ in discard)
-        self.ready.update(kept)
+        self.admission.ready.update(kept)  # before the producer starts
+        self.stored = set(kept)
         if kept or discard:
             log.info(
                 "run %s: resumed with the stored rollouts of steps %s; %d rollouts discarded",
@@ -208,23 +197,19 @@ class RolloutsAhead:
     def _produce(self, step: int) -> None:
         try:
             while True:
-                with self.changed:
-                    while step in self.ready:  # stored by an earlier attempt
-                        step += 1
-                    # Admitted within the bound, and once this attempt saved an adapter (a
-                    # resumed one has none older than its checkpoint's).
-                    while not self.stopping and self.saved < max(step - 1 - self.bound, 0):
-                        self.changed.wait()
-                    if self.stopping or step > len(self.plan):
-                        return
-                    version = self.saved
+                while step in self.stored:  # by an earlier attempt (the trainer may have
+                    step += 1  # taken it already)
+                if step > len(self.plan):
+                    return
+                # Admitted within the bound, and once this attempt saved an adapter (a
+                # resumed one has none older than its checkpoint's).
+                version = self.admission.admit(step)
+                if version is None:
+                    return
                 self._generate(step, version)
                 step += 1
         except BaseException as exc:  # the trainer raises it at its next step
-            with self.changed:
-                if not self.stopping:
-                    self.failure = exc
-                self.changed.notify_all()
+            self.admission.fail(exc)
 
     def _generate(self, step: int, version: int) -> None:
         with self.generating:
@@ -260,9 +245,7 @@ class RolloutsAhead:
             seconds,
             scoring,
         )
-        with self.changed:
-            self.ready[step] = Ahead(version, payload, texts, seconds, scoring)
-            self.changed.notify_all()
+        self.admission.put(step, Ahead(version, payload, texts, seconds, scoring))
 
     def _decode(self, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> list[str]:
         """The completions' texts as TRL decodes them for the reward function (with the
