@@ -63,6 +63,14 @@ def _within(rows: list[Any], bound: int) -> dict[int, int]:
     return staleness
 
 
+def _kept_as_they_ended(rows: list[Any], after: dict[Any, Any]) -> None:
+    """Each of ``rows`` (episodes read before a resume) as it was: not handed out again."""
+    for row in rows:
+        now = after[row["id"]]
+        fields = ("status", "issued", "attempt", "ended_at")
+        assert [now[f] for f in fields] == [row[f] for f in fields], row["step"]
+
+
 async def test_an_async_gateway_run_plays_the_next_step_while_one_trains(
     tenant, sessionmaker, start_worker, tiny_model, worker_home, api_server, vllm_server
 ) -> None:
@@ -154,14 +162,7 @@ async def test_a_worker_killed_mid_run_keeps_the_episodes_its_harnesses_ended_ah
         (r["step"], r["versions"]) for r in ended
     )
     assert {r["step"] for r in lost} == {8}
-    for row in kept:
-        now = after[row["id"]]
-        assert (now["status"], now["issued"], now["attempt"], now["ended_at"]) == (
-            row["status"],
-            row["issued"],
-            row["attempt"],
-            row["ended_at"],
-        ), row["step"]
+    _kept_as_they_ended(kept, after)
     for row in lost:
         assert after[row["id"]]["attempt"] > row["attempt"], row["step"]
     discarded = await series(sessionmaker, run.id, "async/discarded")
@@ -218,14 +219,7 @@ async def test_pause_keeps_the_episodes_played_ahead_and_cancel_ends_the_rest(
             await conn.close()
     # The resumed attempt kept every episode ended ahead as it ended; the run's open ones
     # ended with it.
-    for row in ahead:
-        now = after[row["id"]]
-        assert (now["status"], now["issued"], now["attempt"], now["ended_at"]) == (
-            row["status"],
-            row["issued"],
-            row["attempt"],
-            row["ended_at"],
-        ), row["step"]
+    _kept_as_they_ended(ahead, after)
     assert still_open == 0
     assert sum(v for _, v in await series(sessionmaker, run.id, "async/discarded")) == 0
     assert "Traceback" not in worker.output()
