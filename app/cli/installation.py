@@ -30,6 +30,10 @@ class NoInstallation(RuntimeError):
     """No URL is configured and no ``trainyard up`` is running where the state files are."""
 
 
+#: How far a process's start time, as psutil reads it, may move while it runs.
+STARTED_SLACK_SECONDS = 1.0
+
+
 @dataclass(frozen=True)
 class Installation:
     """What a ``trainyard up`` wrote for the other commands: where its parts are.
@@ -56,7 +60,10 @@ class Installation:
             proc = psutil.Process(self.pid)
             if proc.status() == psutil.STATUS_ZOMBIE:
                 return False
-            return abs(proc.create_time() - self.process_started) < 0.01
+            # psutil derives a start time from the boot time, which moves when the clock
+            # is stepped (NTP, a laptop waking): a second's slack still tells a recycled
+            # pid, whose process started after this one ended.
+            return abs(proc.create_time() - self.process_started) < STARTED_SLACK_SECONDS
         except psutil.Error:
             return False
 

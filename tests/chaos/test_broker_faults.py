@@ -4,16 +4,18 @@ is the outbox, so every run still starts and finishes, once."""
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 import asyncpg
 import pytest
 import redis
 
-from app.core.pg import connect_kwargs
-from app.runs.lifecycle.dispatch import DUE_CHANNEL
-from app.runs.repository import insert_run
+from app.catalog.models import Catalog
+from app.catalog.policy import CodePolicy
+from app.core.pg import connect_kwargs, create_pool
+from app.runs.lifecycle.dispatch import DUE_CHANNEL, DueBell
+from app.runs.repository import ActiveRunLimit
+from app.runs.service import create_run
 from app.runs.spec.body import RunCreate
 from tests.support.broker import OwnRedis
 from tests.support.runs import get_run, run_body, trajectory_keys, wait_for
@@ -83,8 +85,9 @@ async def test_broker_down_at_create_time_the_run_starts_once_it_is_back(
 
 
 async def test_a_rolled_back_create_notifies_no_one(own_database, tenant) -> None:
-    """The due-run notification is sent by the create's own transaction: rolled back, it is
-    never delivered, so no worker ever hears of a run that does not exist."""
+    """The due-run notification goes out after the create commits (the API process's
+    DueBell): a create whose transaction rolls back (here refused at the project's active-run
+    cap) rings nothing, so no worker ever hears of a run that does not exist."""
     listener = await asyncpg.connect(**connect_kwargs(own_database.url))
     heard: list[str] = []
     arrived = asyncio.Event()
@@ -94,23 +97,35 @@ async def test_a_rolled_back_create_notifies_no_one(own_database, tenant) -> Non
         arrived.set()
 
     await listener.add_listener(DUE_CHANNEL, on_notify)
-    writer = await asyncpg.connect(**connect_kwargs(own_database.url))
-    await writer.set_type_codec(
-        "jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog"
-    )
+    pool = await create_pool(own_database.url, size=2)
+    bell = DueBell(pool)
+    bell.start()
+    rings: list[bool] = []
+
+    def due() -> None:
+        rings.append(True)
+        bell.ring()
+
+    async def create() -> Any:
+        async with pool.acquire() as conn:
+            return await create_run(
+                conn,
+                tenant.project_id,
+                RunCreate.model_validate(run_body()),
+                policy=CodePolicy("open", Catalog()),
+                max_active=1,
+                due=due,
+            )
+
     try:
-        tx = writer.transaction()
-        await tx.start()
-        run = await insert_run(writer, tenant.project_id, RunCreate.model_validate(run_body()))
-        await tx.rollback()
-        committed = await insert_run(
-            writer, tenant.project_id, RunCreate.model_validate(run_body())
-        )
-        # Notifications arrive in commit order: once the committed run's is here, the
-        # rolled-back one's would have been too.
+        committed = await create()
+        with pytest.raises(ActiveRunLimit):
+            await create()  # rolled back: the cap is reached
         await asyncio.wait_for(arrived.wait(), 5)
-        assert heard == [str(committed["id"])]
-        assert await writer.fetchval("SELECT count(*) FROM runs WHERE id = $1", run["id"]) == 0
+        assert rings == [True] and heard == [""]
+        ids = await pool.fetch("SELECT id FROM runs WHERE project_id = $1", tenant.project_id)
+        assert [r["id"] for r in ids] == [committed.id]
     finally:
-        await writer.close()
+        await bell.aclose()
+        await pool.close()
         await listener.close()
