@@ -64,9 +64,15 @@ class Workers:
         self.started += 1
         return spawn_worker(self.logs / f"worker-{self.started}.log", self.env)
 
-    def restart(self) -> None:
+    def kill(self) -> None:
         self.worker.kill(signal.SIGKILL)
+
+    def start(self) -> None:
         self.worker = self._spawn()
+
+    def restart(self) -> None:
+        self.kill()
+        self.start()
 
     def stop(self) -> None:
         if self.worker.proc.poll() is None:

@@ -740,8 +740,20 @@ async def test_steps_a_resumed_attempt_does_again_replace_what_the_charts_held(
         "() => (window.trainyard.run.store.get('step_seconds')?.steps.at(-1) ?? 0) >= 7",
         within=240,
     )
+    await asyncio.to_thread(workers.kill)
+    # What the killed attempt committed, all drawn: the page's charts before the next one.
+    # It resumes from the last checkpoint and does the steps after it again (none when the
+    # kill came just after a checkpoint).
+    old = (await _metrics(api_server, tenant, run_id, name="step_seconds"))["step_seconds"]
+    last = old[-1]["step"]
+    await page.until(
+        f"() => window.trainyard.run.store.get('step_seconds').steps.at(-1) === {last}"
+    )
     drawn = await page.page.evaluate(_STEP_SECONDS)
-    await asyncio.to_thread(workers.restart)
+    async with httpx.AsyncClient(base_url=api_server.url, headers=tenant.headers) as http:
+        saved = (await http.get(f"/runs/{run_id}/checkpoints")).json()["data"]
+    resumed_from = max((c["step"] for c in saved), default=0)
+    await asyncio.to_thread(workers.start)
     await page.until(
         "() => document.getElementById('live-state').dataset.state === 'ended'", within=300
     )
@@ -751,8 +763,9 @@ async def test_steps_a_resumed_attempt_does_again_replace_what_the_charts_held(
     shown = await page.page.evaluate(_STEP_SECONDS)
     served = (await _metrics(api_server, tenant, run_id, name="step_seconds"))["step_seconds"]
     assert [(int(k), v) for k, v in shown.items()] == [(p["step"], p["value"]) for p in served]
-    redone = [step for step, value in drawn.items() if shown[step] != value]
-    assert redone, (drawn, shown)  # the steps after the checkpoint were drawn anew
+    # The steps after the checkpoint were drawn anew (a step's seconds never repeat).
+    redone = [int(step) for step, value in drawn.items() if shown[step] != value]
+    assert redone == list(range(resumed_from + 1, last + 1)), (resumed_from, drawn, shown)
 
 
 async def _events(api: ApiProcess, tenant: Tenant, run_id: str) -> list[dict[str, Any]]:
