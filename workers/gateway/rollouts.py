@@ -171,12 +171,10 @@ class GatewayRollouts:
         ahead = spec.grpo.async_rollouts
         self.bound = ahead.max_staleness if ahead is not None else None
         self.plan = plan or []
-        self.admission: Admission[Served] = Admission(self.bound or 0)
-        self.stopping = False  # closed: the batch served ends
+        self.admission: Admission[Served] = Admission(self.bound or 0)  # closed: serving ends
         self.producer: threading.Thread | None = None
 
     def close(self) -> None:
-        self.stopping = True
         self.admission.close()
         if self.producer is not None:
             self.producer.join(timeout=10)  # its serving loop looks at `stopping` every second
@@ -363,7 +361,7 @@ class GatewayRollouts:
         wait = 0.0
         while True:
             self.ctx.check(pause_ok=False)
-            if self.stopping:  # closed: the attempt ends
+            if self.admission.stopping:  # closed: the attempt ends
                 raise _Closed
             if refresh:
                 still_open, pending, next_deadline, reissued = self.ctx.runtime.run(
